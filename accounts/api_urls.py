@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from accounts import views
+
+app_name = "api"
+urlpatterns = [
+    path("signup/", views.api_signup, name="signup"),
+]

@@ -1,0 +1,86 @@
+"""Writes of the accounts app. Views call these; these own transactions and enqueues."""
+
+from __future__ import annotations
+
+import logging
+import smtplib
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.core.mail import EmailMultiAlternatives
+from django.core.validators import validate_email
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+
+from jobs.errors import PermanentJobError
+from jobs.idempotency import run_once
+
+logger = logging.getLogger(__name__)
+User = get_user_model()
+
+
+class RegistrationConflict(Exception):
+    """A unique field was taken by a concurrent signup after validation passed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def user_register(*, username: str, email: str, password: str) -> AbstractBaseUser:
+    """Create the user and, once the transaction commits, enqueue the welcome email.
+
+    The message carries only the user id: never the password or the address, so
+    the worker reads current data and no secret sits in Redis.
+    """
+    from accounts.tasks import send_welcome_email  # tasks import services too
+
+    try:
+        with transaction.atomic():
+            user = User.objects.create_user(username=username, email=email, password=password)
+            user_id = user.pk
+            # robust: a broker hiccup at this point must not turn a committed
+            # signup into a 500; the error is logged with the user id.
+            transaction.on_commit(lambda: send_welcome_email.send(user_id), robust=True)
+    except IntegrityError as exc:
+        field = "email" if "email" in str(exc).lower() else "username"
+        raise RegistrationConflict(field, f"A user with that {field} already exists.") from exc
+    logger.info("Registered user %s", user_id)
+    return user
+
+
+def welcome_email_send(*, user_id: int) -> bool:
+    """Send the welcome email to ``user_id`` once; True if it was sent now."""
+    try:
+        user = User.objects.get(pk=user_id)
+    except User.DoesNotExist:
+        raise PermanentJobError(f"user {user_id} does not exist") from None
+    email = getattr(user, "email", "")
+    try:
+        validate_email(email)
+    except ValidationError:
+        raise PermanentJobError(f"user {user_id} has an invalid email address") from None
+
+    context = {"user": user, "site_url": settings.SITE_URL}
+    message = EmailMultiAlternatives(
+        subject="Welcome aboard",
+        body=render_to_string("emails/welcome.txt", context),
+        to=[email],
+    )
+    message.attach_alternative(render_to_string("emails/welcome.html", context), "text/html")
+    return run_once(f"welcome-email:{user_id}", lambda: _deliver(message))
+
+
+def _deliver(message: EmailMultiAlternatives) -> None:
+    """Send, turning refusals that no retry can fix into permanent failures."""
+    try:
+        message.send()
+    except smtplib.SMTPRecipientsRefused as exc:
+        raise PermanentJobError(f"recipient refused: {exc.recipients}") from exc
+    except smtplib.SMTPResponseException as exc:
+        if 500 <= exc.smtp_code < 600:
+            raise PermanentJobError(f"mail server refused: {exc.smtp_code}") from exc
+        raise  # 4xx: the server asks us to try again later

@@ -1,0 +1,85 @@
+"""Thin views: parse, validate, call a service, render."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.forms import SignupForm, api_errors, api_form
+from accounts.services import RegistrationConflict, user_register
+
+API_FIELDS = ("username", "email", "password")
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    form = SignupForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            user_register(
+                username=form.cleaned_data["username"],
+                email=form.cleaned_data["email"],
+                password=form.cleaned_data["password1"],
+            )
+        except RegistrationConflict as conflict:
+            form.add_error(conflict.field, conflict.message)
+        else:
+            request.session["signup_email"] = form.cleaned_data["email"]
+            return redirect("accounts:signup_done")
+    return render(request, "accounts/signup.html", {"form": form})
+
+
+def signup_done(request: HttpRequest) -> HttpResponse:
+    return render(request, "accounts/signup_done.html", {"email": request.session.get("signup_email")})
+
+
+def _bad_request(errors: dict[str, list[str]]) -> JsonResponse:
+    return JsonResponse({"errors": errors}, status=400)
+
+
+def _parse_json_object(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    if request.content_type != "application/json":
+        return _bad_request({"body": ["Content-Type must be application/json."]})
+    try:
+        payload = json.loads(request.body)
+    except RequestDataTooBig:
+        return _bad_request({"body": ["Request body is too large."]})
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _bad_request({"body": [f"Malformed JSON: {exc}"]})
+    if not isinstance(payload, dict):
+        return _bad_request({"body": ["Expected a JSON object."]})
+    return payload
+
+
+@csrf_exempt  # a JSON API for non-browser clients: no cookie session to ride on
+@require_POST
+def api_signup(request: HttpRequest) -> JsonResponse:
+    payload = _parse_json_object(request)
+    if isinstance(payload, JsonResponse):
+        return payload
+    type_errors = {
+        field: ["Must be a string."]
+        for field in API_FIELDS
+        if field in payload and not isinstance(payload[field], str)
+    }
+    if type_errors:
+        return _bad_request(type_errors)
+    form = api_form(payload)
+    if not form.is_valid():
+        return _bad_request(api_errors(form))
+    try:
+        user = user_register(
+            username=form.cleaned_data["username"],
+            email=form.cleaned_data["email"],
+            password=form.cleaned_data["password1"],
+        )
+    except RegistrationConflict as conflict:
+        return _bad_request({conflict.field: [conflict.message]})
+    data = {"id": user.pk, "username": user.get_username(), "email": form.cleaned_data["email"]}
+    return JsonResponse({"data": data}, status=201)

@@ -1,0 +1,1 @@
+"""The reusable job platform. Never imports ``accounts``."""

@@ -1,0 +1,56 @@
+"""``GET /healthz``: database, cache Redis and broker Redis, each probed cheaply."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import dramatiq
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from django_redis import get_redis_connection
+
+logger = logging.getLogger(__name__)
+
+
+def _database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _redis() -> None:
+    get_redis_connection("default").ping()
+
+
+def _broker() -> None:
+    dramatiq.get_broker().client.ping()
+
+
+CHECKS: dict[str, Callable[[], None]] = {
+    "database": _database,
+    "redis": _redis,
+    "broker": _broker,
+}
+
+
+def check_all() -> dict[str, str]:
+    status: dict[str, str] = {}
+    for name, check in CHECKS.items():
+        try:
+            check()
+            status[name] = "ok"
+        except Exception as exc:
+            logger.warning("Health check %s failed: %s", name, exc)
+            status[name] = f"down: {type(exc).__name__}"
+    return status
+
+
+@never_cache
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    status = check_all()
+    healthy = all(value == "ok" for value in status.values())
+    return JsonResponse({"status": "ok" if healthy else "down", "checks": status},
+                        status=200 if healthy else 503)

@@ -1,0 +1,14 @@
+"""Dramatiq's TimeLimit with its default taken from ``JOBS_TIME_LIMIT_MS``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from dramatiq.middleware import time_limit as stock
+
+
+class TimeLimit(stock.TimeLimit):
+    def __init__(self, **options: Any) -> None:
+        options.setdefault("time_limit", settings.JOBS_TIME_LIMIT_MS)
+        super().__init__(**options)

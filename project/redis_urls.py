@@ -1,0 +1,43 @@
+"""Derive the broker and cache Redis URLs from one ``REDIS_URL``.
+
+The broker keeps the database number given in the URL (default 0) and the cache
+uses the next one, so ``FLUSHDB`` on the cache never drops queued jobs.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_SCHEMES = {"redis", "rediss", "unix"}
+
+
+def _db_of(name: str, url: str) -> int:
+    parts = urlsplit(url)
+    if parts.scheme not in _SCHEMES:
+        raise ImproperlyConfigured(
+            f"{name} must start with redis://, rediss:// or unix://, got {url!r}"
+        )
+    if parts.scheme == "unix":
+        db = parse_qs(parts.query).get("db", ["0"])[0]
+    else:
+        db = parts.path.lstrip("/") or "0"
+    if not db.isdigit():
+        raise ImproperlyConfigured(f"{name} has a database number that is not an integer: {url!r}")
+    return int(db)
+
+
+def with_db(url: str, db: int) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = parse_qs(parts.query)
+        query["db"] = [str(db)]
+        return urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
+def split_redis_url(name: str, url: str) -> tuple[str, str]:
+    """Return ``(broker_url, cache_url)`` for the URL held in variable ``name``."""
+    db = _db_of(name, url)
+    return with_db(url, db), with_db(url, db + 1)

@@ -1,0 +1,210 @@
+"""Settings for the whole project, read from the environment.
+
+Every variable has a local default that works out of the box (SQLite under
+``var/``, Redis on localhost); a malformed value stops start-up with a message
+naming the variable. See README "Configuration".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from project.env import env_bool, env_int, env_list, env_rate, env_str
+from project.redis_urls import split_redis_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+
+# --- Core --------------------------------------------------------------------
+
+INSECURE_DEV_SECRET_KEY = "django-insecure-dev-only-key-do-not-use-in-production"
+DEBUG = env_bool("DJANGO_DEBUG", True)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", INSECURE_DEV_SECRET_KEY)
+if not DEBUG and (SECRET_KEY == INSECURE_DEV_SECRET_KEY or SECRET_KEY.startswith("django-insecure")):
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY must be set to a strong secret when DJANGO_DEBUG is off"
+    )
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_dramatiq",
+    "jobs",
+    "accounts",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+if not DEBUG:
+    # Serves collected static files from gunicorn; runserver does it in DEBUG.
+    MIDDLEWARE.insert(1, "whitenoise.middleware.WhiteNoiseMiddleware")
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ----------------------------------------------------------------
+
+DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}")
+try:
+    _database = dj_database_url.parse(DATABASE_URL, conn_max_age=60, conn_health_checks=True)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is malformed: {exc}") from None
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # Many worker threads write job state at once. Django's SQLite defaults fail
+    # such writes with "database is locked" (see DESIGN.md); WAL lets readers run
+    # beside the writer, IMMEDIATE takes the write lock at BEGIN so transactions
+    # queue on the busy timeout instead of failing on lock upgrade.
+    Path(_database["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    _database["CONN_MAX_AGE"] = 0
+    _database["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: broker and cache -------------------------------------------------
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+BROKER_REDIS_URL, CACHE_REDIS_URL = split_redis_url("REDIS_URL", REDIS_URL)
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": CACHE_REDIS_URL,
+        "KEY_PREFIX": "app",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_CONNECT_TIMEOUT": 2,
+            "SOCKET_TIMEOUT": 2,
+        },
+    }
+}
+
+# --- Jobs (Dramatiq) ---------------------------------------------------------
+
+# Attempts in total = 1 + JOBS_MAX_RETRIES; delays double from the minimum:
+# 5 s, 10 s, 20 s, ... capped at JOBS_MAX_BACKOFF_MS.
+JOBS_MAX_RETRIES = env_int("JOBS_MAX_RETRIES", 2, minimum=0)
+JOBS_MIN_BACKOFF_MS = env_int("JOBS_MIN_BACKOFF_MS", 5_000, minimum=1)
+JOBS_MAX_BACKOFF_MS = env_int("JOBS_MAX_BACKOFF_MS", 3_600_000, minimum=1)
+# Default time limit of one attempt; actors may set their own ``time_limit``.
+JOBS_TIME_LIMIT_MS = env_int("JOBS_TIME_LIMIT_MS", 10 * 60_000, minimum=1)
+
+DRAMATIQ_BROKER = {
+    "BROKER": "dramatiq.brokers.redis.RedisBroker",
+    "OPTIONS": {"url": BROKER_REDIS_URL},
+    # Listing middleware replaces Dramatiq's defaults, so every one we rely on is
+    # written out; dropping one here silently drops its behaviour.
+    "MIDDLEWARE": [
+        "dramatiq.middleware.AgeLimit",
+        "jobs.middleware.time_limit.TimeLimit",
+        "dramatiq.middleware.ShutdownNotifications",
+        "dramatiq.middleware.Callbacks",
+        "dramatiq.middleware.Pipelines",
+        "jobs.middleware.retries.Retries",
+        "dramatiq.middleware.CurrentMessage",
+        "django_dramatiq.middleware.DbConnectionsMiddleware",
+    ],
+}
+
+# --- Email -------------------------------------------------------------------
+
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Signup <noreply@localhost>")
+SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+
+# --- Signup ------------------------------------------------------------------
+
+SIGNUP_RATE_LIMIT = env_rate("SIGNUP_RATE_LIMIT", "10/m")
+# Bodies larger than this are refused with 400 before parsing (hostile input).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("DATA_UPLOAD_MAX_MEMORY_SIZE", 64 * 1024, minimum=1024)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "admin:login"
+
+# --- I18n, static ------------------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
+
+# --- Production hardening (active when DEBUG is off) ---------------------------
+
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# --- Logging -----------------------------------------------------------------
+
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

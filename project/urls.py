@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+from django.views.generic import RedirectView
+
+from jobs.health import healthz
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="accounts:signup", permanent=False)),
+    path("accounts/", include("accounts.urls")),
+    path("api/", include("accounts.api_urls")),
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+]

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dramatiq
+import pytest
+from django.conf import settings
+from django_redis import get_redis_connection
+
+from project.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_server() -> Iterator[str]:
+    """The session's Redis: a private server unless REDIS_URL was given."""
+    if os.environ.get("TEST_MANAGED_REDIS") != "1":
+        yield settings.REDIS_URL
+        return
+    port = urlsplit(settings.REDIS_URL).port
+    assert port is not None
+    server = RedisServer(port, Path(os.environ["TEST_TMP_DIR"]) / "redis").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _flush_redis(redis_server: str) -> Iterator[None]:
+    """Each test starts and ends with empty broker and cache databases."""
+    broker = dramatiq.get_broker()
+    broker.client.flushdb()
+    get_redis_connection("default").flushdb()
+    yield
+    broker.client.flushdb()
+    get_redis_connection("default").flushdb()
+
+
+@pytest.fixture
+def broker() -> dramatiq.Broker:
+    return dramatiq.get_broker()
+
+
+def queued_messages(queue_name: str) -> list[dramatiq.Message[object]]:
+    """Messages waiting in ``queue_name`` on the real Redis broker."""
+    broker = dramatiq.get_broker()
+    raw = broker.client.hvals(f"{broker.namespace}:{queue_name}.msgs")
+    return [dramatiq.Message.decode(data) for data in raw]
+
+
+def dead_messages(queue_name: str) -> list[dramatiq.Message[object]]:
+    """Messages Dramatiq dead-lettered (failed for good) from ``queue_name``."""
+    broker = dramatiq.get_broker()
+    raw = broker.client.hvals(f"{broker.namespace}:{queue_name}.XQ.msgs")
+    return [dramatiq.Message.decode(data) for data in raw]
+
+
+class AttemptRecorder(dramatiq.Middleware):
+    """Records every processing attempt: (message id, monotonic start, exception)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[str, float, BaseException | None]] = []
+        self._started: dict[str, float] = {}
+
+    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message[object]) -> None:
+        import time
+
+        self._started[message.message_id] = time.monotonic()
+
+    def after_process_message(
+        self,
+        broker: dramatiq.Broker,
+        message: dramatiq.Message[object],
+        *,
+        result: object = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.attempts.append((message.message_id, self._started[message.message_id], exception))
+
+
+@pytest.fixture
+def attempts(broker: dramatiq.Broker) -> Iterator[AttemptRecorder]:
+    recorder = AttemptRecorder()
+    broker.middleware.append(recorder)
+    yield recorder
+    broker.middleware.remove(recorder)
+
+
+@pytest.fixture
+def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
+    """A real in-process Dramatiq worker on the real Redis broker."""
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    yield worker
+    worker.stop(timeout=10_000)
+
+
+def join(queue_name: str, *, timeout_ms: int = 15_000) -> None:
+    """Wait until ``queue_name`` (waiting, delayed and in-flight) is empty."""
+    dramatiq.get_broker().join(queue_name, timeout=timeout_ms)

@@ -1,0 +1,41 @@
+"""Test settings: the project's settings with a private Redis and fast hashing.
+
+The broker is built once at ``django.setup()`` (before any fixture runs), so the
+Redis address is chosen here: ``REDIS_URL`` if given (it must be disposable: the
+suite flushes it), otherwise a free local port on which ``tests/redis_server.py``
+starts a private ``redis-server`` for the session. Redis clients connect lazily,
+so nothing talks to that port before the server is up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+if not os.environ.get("REDIS_URL"):
+    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{_free_port()}/0"
+    os.environ["TEST_MANAGED_REDIS"] = "1"
+# Small backoff so retry tests take a fraction of a second: 200 ms, 400 ms.
+os.environ.setdefault("JOBS_MIN_BACKOFF_MS", "200")
+os.environ.setdefault("JOBS_MAX_BACKOFF_MS", "2000")
+os.environ.setdefault("SIGNUP_RATE_LIMIT", "off")
+TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
+os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
+
+from project.settings import *  # noqa: E402,F403
+
+# A file database (not :memory:) so worker subprocesses in e2e tests see the
+# rows the test wrote.
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
+    DATABASES["default"]["TEST"] = {"NAME": str(TEST_TMP / "test.sqlite3")}  # noqa: F405
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
