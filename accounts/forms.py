@@ -22,7 +22,7 @@ class SignupForm(UserCreationForm):  # type: ignore[type-arg]
         widget=forms.EmailInput(attrs={"autocomplete": "email"}),
     )
 
-    class Meta(UserCreationForm.Meta):  # type: ignore[name-defined,misc]
+    class Meta(UserCreationForm.Meta):
         model = User
         fields = ("username", "email")
 
@@ -52,6 +52,6 @@ def api_errors(form: SignupForm) -> dict[str, list[str]]:
     for field, messages in form.errors.items():
         name = "password" if field in ("password1", "password2") else field
         for message in messages:
-            if message not in errors.setdefault(name, []):
-                errors[name].append(message)
+            if str(message) not in errors.setdefault(name, []):
+                errors[name].append(str(message))
     return errors

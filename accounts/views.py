@@ -12,14 +12,36 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.forms import SignupForm, api_errors, api_form
+from accounts.ratelimit import Verdict, signup_allowed
 from accounts.services import RegistrationConflict, user_register
 
 API_FIELDS = ("username", "email", "password")
 
 
+def _rate_limited(request: HttpRequest, email: object) -> Verdict:
+    # REMOTE_ADDR is the peer; behind a proxy, set it from the trusted header there.
+    ip = request.META.get("REMOTE_ADDR", "")
+    return signup_allowed(ip=ip, email=email if isinstance(email, str) else None)
+
+
+def _too_many(response: HttpResponse, verdict: Verdict) -> HttpResponse:
+    response.status_code = 429
+    response["Retry-After"] = str(verdict.retry_after)
+    return response
+
+
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     form = SignupForm(request.POST or None)
+    if request.method == "POST":
+        verdict = _rate_limited(request, request.POST.get("email"))
+        if not verdict.allowed:
+            kept = {name: request.POST.get(name, "") for name in ("username", "email")}
+            context = {
+                "form": SignupForm(initial=kept),
+                "error": "Too many signups from here. Please try again in a minute.",
+            }
+            return _too_many(render(request, "accounts/signup.html", context), verdict)
     if request.method == "POST" and form.is_valid():
         try:
             user_register(
@@ -36,7 +58,9 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 
 def signup_done(request: HttpRequest) -> HttpResponse:
-    return render(request, "accounts/signup_done.html", {"email": request.session.get("signup_email")})
+    return render(
+        request, "accounts/signup_done.html", {"email": request.session.get("signup_email")}
+    )
 
 
 def _bad_request(errors: dict[str, list[str]]) -> JsonResponse:
@@ -59,10 +83,14 @@ def _parse_json_object(request: HttpRequest) -> dict[str, Any] | JsonResponse:
 
 @csrf_exempt  # a JSON API for non-browser clients: no cookie session to ride on
 @require_POST
-def api_signup(request: HttpRequest) -> JsonResponse:
+def api_signup(request: HttpRequest) -> HttpResponse:
     payload = _parse_json_object(request)
     if isinstance(payload, JsonResponse):
         return payload
+    verdict = _rate_limited(request, payload.get("email"))
+    if not verdict.allowed:
+        errors = {"__all__": ["Too many signups. Try again later."]}
+        return _too_many(JsonResponse({"errors": errors}), verdict)
     type_errors = {
         field: ["Must be a string."]
         for field in API_FIELDS

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import dramatiq
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_redis import get_redis_connection
+
+from jobs.broker import redis_broker
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ def _redis() -> None:
 
 
 def _broker() -> None:
-    dramatiq.get_broker().client.ping()
+    redis_broker().client.ping()
 
 
 CHECKS: dict[str, Callable[[], None]] = {
@@ -52,5 +53,6 @@ def check_all() -> dict[str, str]:
 def healthz(request: HttpRequest) -> JsonResponse:
     status = check_all()
     healthy = all(value == "ok" for value in status.values())
-    return JsonResponse({"status": "ok" if healthy else "down", "checks": status},
-                        status=200 if healthy else 503)
+    return JsonResponse(
+        {"status": "ok" if healthy else "down", "checks": status}, status=200 if healthy else 503
+    )

@@ -36,13 +36,20 @@ def find_redis_server() -> str:
 def server_args(port: int, directory: Path, *, appendonly: bool = True) -> list[str]:
     return [
         find_redis_server(),
-        "--port", str(port),
-        "--bind", "127.0.0.1",
-        "--dir", str(directory),
-        "--appendonly", "yes" if appendonly else "no",
-        "--save", "",
-        "--daemonize", "no",
-        "--protected-mode", "yes",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(directory),
+        "--appendonly",
+        "yes" if appendonly else "no",
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--protected-mode",
+        "yes",
     ]
 
 

@@ -33,7 +33,8 @@ def with_db(url: str, db: int) -> str:
     if parts.scheme == "unix":
         query = parse_qs(parts.query)
         query["db"] = [str(db)]
-        return urlunsplit(parts._replace(query=urlencode(query, doseq=True)))
+        # urlunsplit would collapse "unix:///path" to "unix:/path".
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 

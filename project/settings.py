@@ -23,7 +23,9 @@ VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
 INSECURE_DEV_SECRET_KEY = "django-insecure-dev-only-key-do-not-use-in-production"
 DEBUG = env_bool("DJANGO_DEBUG", True)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", INSECURE_DEV_SECRET_KEY)
-if not DEBUG and (SECRET_KEY == INSECURE_DEV_SECRET_KEY or SECRET_KEY.startswith("django-insecure")):
+if not DEBUG and (
+    SECRET_KEY == INSECURE_DEV_SECRET_KEY or SECRET_KEY.startswith("django-insecure")
+):
     raise ImproperlyConfigured(
         "DJANGO_SECRET_KEY must be set to a strong secret when DJANGO_DEBUG is off"
     )
@@ -188,6 +190,8 @@ STORAGES = {
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", True)
+    # Probes and scrapers talk plain HTTP inside the cluster.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000, minimum=0)
@@ -202,7 +206,9 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: %(message)s"},
+        "plain": {
+            "format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: %(message)s"
+        },
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 import dramatiq
 import pytest
 from django.conf import settings
 from django_redis import get_redis_connection
+from dramatiq.broker import MessageProxy
 
+from jobs.broker import redis_broker
 from project.redis_server import RedisServer
 
 
@@ -31,7 +35,7 @@ def redis_server() -> Iterator[str]:
 @pytest.fixture(autouse=True)
 def _flush_redis(redis_server: str) -> Iterator[None]:
     """Each test starts and ends with empty broker and cache databases."""
-    broker = dramatiq.get_broker()
+    broker = redis_broker()
     broker.client.flushdb()
     get_redis_connection("default").flushdb()
     yield
@@ -44,18 +48,20 @@ def broker() -> dramatiq.Broker:
     return dramatiq.get_broker()
 
 
+def _messages_in(hash_name: str) -> list[dramatiq.Message[object]]:
+    broker = redis_broker()
+    raw = cast(list[bytes], broker.client.hvals(f"{broker.namespace}:{hash_name}"))
+    return [dramatiq.Message.decode(data) for data in raw]
+
+
 def queued_messages(queue_name: str) -> list[dramatiq.Message[object]]:
     """Messages waiting in ``queue_name`` on the real Redis broker."""
-    broker = dramatiq.get_broker()
-    raw = broker.client.hvals(f"{broker.namespace}:{queue_name}.msgs")
-    return [dramatiq.Message.decode(data) for data in raw]
+    return _messages_in(f"{queue_name}.msgs")
 
 
 def dead_messages(queue_name: str) -> list[dramatiq.Message[object]]:
     """Messages Dramatiq dead-lettered (failed for good) from ``queue_name``."""
-    broker = dramatiq.get_broker()
-    raw = broker.client.hvals(f"{broker.namespace}:{queue_name}.XQ.msgs")
-    return [dramatiq.Message.decode(data) for data in raw]
+    return _messages_in(f"{queue_name}.XQ.msgs")
 
 
 class AttemptRecorder(dramatiq.Middleware):
@@ -65,15 +71,13 @@ class AttemptRecorder(dramatiq.Middleware):
         self.attempts: list[tuple[str, float, BaseException | None]] = []
         self._started: dict[str, float] = {}
 
-    def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.Message[object]) -> None:
-        import time
-
+    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._started[message.message_id] = time.monotonic()
 
     def after_process_message(
         self,
         broker: dramatiq.Broker,
-        message: dramatiq.Message[object],
+        message: MessageProxy,
         *,
         result: object = None,
         exception: BaseException | None = None,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import dramatiq
 from django.conf import settings
+from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
 from jobs.errors import is_permanent
@@ -28,8 +28,8 @@ class Retries(stock.Retries):
 
     def after_process_message(
         self,
-        broker: dramatiq.Broker,
-        message: dramatiq.Message[Any],
+        broker: Broker,
+        message: MessageProxy,
         *,
         result: Any = None,
         exception: BaseException | None = None,
@@ -42,4 +42,6 @@ class Retries(stock.Retries):
             )
             message.fail()
             return
-        super().after_process_message(broker, message, result=result, exception=exception)
+        super().after_process_message(  # type: ignore[no-untyped-call]
+            broker, message, result=result, exception=exception
+        )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -11,7 +12,9 @@ from tests.conftest import queued_messages
 VALID = {"username": "grace", "email": "grace@example.com", "password": "correct-horse-battery"}
 
 
-def post(client: Client, body: object, content_type: str = "application/json") -> tuple[int, dict]:
+def post(
+    client: Client, body: object, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
     response = client.post("/api/signup/", data=data, content_type=content_type)
     return response.status_code, response.json()
@@ -43,7 +46,9 @@ def test_it_creates_the_user_and_returns_201(client: Client) -> None:
     ],
 )
 @pytest.mark.django_db(transaction=True)
-def test_it_returns_400_with_field_messages(client: Client, change: dict[str, object], field: str) -> None:
+def test_it_returns_400_with_field_messages(
+    client: Client, change: dict[str, object], field: str
+) -> None:
     status, body = post(client, {**VALID, **change})
 
     assert status == 400
@@ -85,7 +90,9 @@ def test_it_reports_duplicates_as_field_errors(client: Client) -> None:
     ],
 )
 @pytest.mark.django_db
-def test_it_rejects_malformed_bodies_with_400(client: Client, body: str | bytes, content_type: str) -> None:
+def test_it_rejects_malformed_bodies_with_400(
+    client: Client, body: str | bytes, content_type: str
+) -> None:
     status, payload = post(client, body, content_type)
     assert status == 400
     assert payload["errors"]["body"]

@@ -16,9 +16,13 @@ class Boom(Exception):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rolled_back_transaction_enqueues_nothing() -> None:
-    with pytest.raises(Boom), transaction.atomic():
-        user_register(username="ada", email="ada@example.com", password="correct-horse-1")
-        raise Boom
+    def register_then_fail() -> None:
+        with transaction.atomic():
+            user_register(username="ada", email="ada@example.com", password="correct-horse-1")
+            raise Boom
+
+    with pytest.raises(Boom):
+        register_then_fail()
 
     assert not User.objects.exists()
     assert queued_messages("emails") == []

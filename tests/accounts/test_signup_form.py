@@ -56,7 +56,9 @@ def test_it_creates_the_user_redirects_and_enqueues_one_email(client: Client) ->
     ],
 )
 @pytest.mark.django_db(transaction=True)
-def test_it_rerenders_invalid_input_with_field_errors(client: Client, change: dict[str, str], field: str) -> None:
+def test_it_rerenders_invalid_input_with_field_errors(
+    client: Client, change: dict[str, str], field: str
+) -> None:
     response = client.post("/accounts/signup/", {**VALID, **change})
 
     assert response.status_code == 200

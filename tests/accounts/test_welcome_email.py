@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import smtplib
 import time
+from collections.abc import Sequence
+from typing import cast
 
 import dramatiq
 import pytest
 from django.contrib.auth.models import User
 from django.core import mail
+from django.core.mail import EmailMessage, EmailMultiAlternatives
 from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
 
 from accounts.tasks import send_welcome_email
@@ -24,7 +27,7 @@ class FlakySMTPBackend(LocmemBackend):
 
     failures_left = 0
 
-    def send_messages(self, messages):  # type: ignore[no-untyped-def]
+    def send_messages(self, messages: Sequence[EmailMessage]) -> int:
         if FlakySMTPBackend.failures_left > 0:
             FlakySMTPBackend.failures_left -= 1
             raise smtplib.SMTPServerDisconnected("connection unexpectedly closed")
@@ -32,7 +35,7 @@ class FlakySMTPBackend(LocmemBackend):
 
 
 class RefusingSMTPBackend(LocmemBackend):
-    def send_messages(self, messages):  # type: ignore[no-untyped-def]
+    def send_messages(self, messages: Sequence[EmailMessage]) -> int:
         raise smtplib.SMTPRecipientsRefused({"x@example.com": (550, b"no such user")})
 
 
@@ -47,14 +50,17 @@ def test_the_worker_sends_the_welcome_email(worker: dramatiq.Worker) -> None:
     join("emails")
 
     assert len(mail.outbox) == 1
-    sent = mail.outbox[0]
+    sent = cast(EmailMultiAlternatives, mail.outbox[0])
     assert sent.to == ["ada@example.com"]
     assert "Hello ada" in sent.body
-    assert sent.alternatives and "text/html" in sent.alternatives[0][1]
+    assert sent.alternatives
+    assert "text/html" in sent.alternatives[0][1]
     assert EffectRecord.objects.get(key=f"welcome-email:{user.pk}").state == "done"
 
 
-def test_a_message_delivered_twice_sends_one_email(worker: dramatiq.Worker, broker: dramatiq.Broker) -> None:
+def test_a_message_delivered_twice_sends_one_email(
+    worker: dramatiq.Worker, broker: dramatiq.Broker
+) -> None:
     user = make_user()
     message = send_welcome_email.message(user.pk)
 
@@ -67,7 +73,9 @@ def test_a_message_delivered_twice_sends_one_email(worker: dramatiq.Worker, brok
     assert len(mail.outbox) == 1
 
 
-def test_a_missing_user_fails_permanently_without_retry(worker: dramatiq.Worker, attempts: AttemptRecorder) -> None:
+def test_a_missing_user_fails_permanently_without_retry(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
     message = send_welcome_email.send(987654)
     join("emails")
 
@@ -77,7 +85,9 @@ def test_a_missing_user_fails_permanently_without_retry(worker: dramatiq.Worker,
     assert mail.outbox == []
 
 
-def test_an_invalid_address_fails_permanently_without_retry(worker: dramatiq.Worker, attempts: AttemptRecorder) -> None:
+def test_an_invalid_address_fails_permanently_without_retry(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
     user = make_user(email="not an address")
 
     send_welcome_email.send(user.pk)
@@ -88,15 +98,19 @@ def test_an_invalid_address_fails_permanently_without_retry(worker: dramatiq.Wor
     assert mail.outbox == []
 
 
-def test_a_wrong_payload_type_fails_permanently(worker: dramatiq.Worker, attempts: AttemptRecorder) -> None:
-    send_welcome_email.send("1; DROP TABLE auth_user")
+def test_a_wrong_payload_type_fails_permanently(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
+    send_welcome_email.send("1; DROP TABLE auth_user")  # type: ignore[arg-type]
     join("emails")
 
     assert len(attempts.attempts) == 1
     assert isinstance(attempts.attempts[0][2], PermanentJobError)
 
 
-def test_a_refused_recipient_is_permanent(worker: dramatiq.Worker, attempts: AttemptRecorder, settings) -> None:
+def test_a_refused_recipient_is_permanent(
+    worker: dramatiq.Worker, attempts: AttemptRecorder, settings
+) -> None:
     settings.EMAIL_BACKEND = f"{__name__}.RefusingSMTPBackend"
     user = make_user()
 
@@ -124,8 +138,8 @@ def test_a_dropped_smtp_connection_is_retried_with_growing_delays(
     starts = [start for _, start, _ in attempts.attempts]
     first_gap, second_gap = starts[1] - starts[0], starts[2] - starts[1]
     # JOBS_MIN_BACKOFF_MS=200 in tests: retry 1 waits 200-400 ms, retry 2 400-800 ms.
-    assert 0.2 <= first_gap
-    assert 0.4 <= second_gap
+    assert first_gap >= 0.2
+    assert second_gap >= 0.4
     assert second_gap > first_gap
     assert len(mail.outbox) == 1
 

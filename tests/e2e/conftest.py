@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """``python manage.py rundramatiq`` as a real subprocess."""
+
+    def __init__(
+        self, env: dict[str, str], log_path: Path, *, processes: int = 1, threads: int = 2
+    ) -> None:
+        self.log_path = log_path
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "rundramatiq",
+                "--processes",
+                str(processes),
+                "--threads",
+                str(threads),
+                "--worker-shutdown-timeout",
+                "5000",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            if self.process.poll() is not None:
+                raise AssertionError(f"worker exited {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} not in worker log after {timeout} s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def worker_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a subprocess that shares this test's database and Redis."""
+    database = settings.DATABASES["default"]
+    assert database["ENGINE"].endswith("sqlite3"), "e2e tests share the SQLite test file"
+    mail_dir = tmp_path / "mail"
+    mail_dir.mkdir()
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"sqlite:///{database['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+        "EMAIL_FILE_PATH": str(mail_dir),
+        "PYTHONUNBUFFERED": "1",
+    }
+    return env
+
+
+@pytest.fixture
+def start_worker(
+    worker_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(**options: int) -> WorkerProcess:
+        worker = WorkerProcess(worker_env, tmp_path / f"worker-{len(started)}.log", **options)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.kill()

@@ -1,0 +1,54 @@
+"""Docker does not run on our machines, so the compose file is checked by reading it."""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+from django.core.management import get_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return data
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    command = service.get("command", [])
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def test_every_app_service_runs_a_command_that_exists() -> None:
+    checked = []
+    for name, service in compose()["services"].items():
+        if "build" not in service:
+            continue
+        argv = command_of(service)
+        if argv[:2] == ["python", "manage.py"]:
+            assert argv[2] in get_commands(), f"{name}: no management command {argv[2]!r}"
+        elif argv[0] == "gunicorn":
+            module, _, attribute = argv[1].partition(":")
+            assert hasattr(importlib.import_module(module), attribute or "application"), name
+        else:
+            raise AssertionError(f"{name}: unknown command {argv}")
+        checked.append(name)
+    assert {"web", "worker", "migrate"} <= set(checked)
+
+
+def test_redis_persists_jobs_and_every_long_running_service_has_a_health_check() -> None:
+    services = compose()["services"]
+    assert "--appendonly" in command_of(services["redis"])
+    for name in ("redis", "postgres", "web", "worker"):
+        assert services[name]["healthcheck"]["test"], name
+    assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
+
+
+def test_the_dockerfile_builds_what_compose_runs() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert ".[postgres]" in dockerfile
+    assert "collectstatic" in dockerfile

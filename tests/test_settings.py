@@ -1,0 +1,105 @@
+"""Start-up configuration: a malformed variable stops the process and is named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from project.env import Rate, parse_rate
+from project.redis_urls import split_redis_url
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_django(**env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "JOBS_"))}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DJANGO_DEBUG", "maybe"),
+        ("REDIS_URL", "http://localhost:6379"),
+        ("REDIS_URL", "redis://localhost:6379/x"),
+        ("DATABASE_URL", "nosuchdb://x"),
+        ("SIGNUP_RATE_LIMIT", "ten per minute"),
+        ("JOBS_MAX_RETRIES", "-1"),
+        ("JOBS_MIN_BACKOFF_MS", "5s"),
+    ],
+)
+def test_a_malformed_variable_fails_start_up_naming_it(name: str, value: str) -> None:
+    result = start_django(**{name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert name in result.stderr
+
+
+def test_production_refuses_the_insecure_dev_secret_key() -> None:
+    result = start_django(DJANGO_DEBUG="0")
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY" in result.stderr
+
+
+def test_production_settings_pass_the_deploy_check() -> None:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "project.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": "k" * 60 + "-production-like-secret-value",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+
+
+def test_the_defaults_start_without_any_variable() -> None:
+    result = start_django()
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10/m", Rate(10, 60)),
+        ("100/h", Rate(100, 3600)),
+        ("5/30s", Rate(5, 30)),
+        ("off", None),
+        ("OFF", None),
+    ],
+)
+def test_it_parses_rates(text: str, expected: Rate | None) -> None:
+    assert parse_rate("X", text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "10", "0/m", "10/w", "-1/m", "a/m"])
+def test_it_rejects_malformed_rates(text: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match="X"):
+        parse_rate("X", text)
+
+
+def test_broker_and_cache_use_neighbouring_redis_databases() -> None:
+    assert split_redis_url("R", "redis://h:1/0") == ("redis://h:1/0", "redis://h:1/1")
+    assert split_redis_url("R", "redis://:pw@h:1") == ("redis://:pw@h:1/0", "redis://:pw@h:1/1")
+    assert split_redis_url("R", "rediss://h/4") == ("rediss://h/4", "rediss://h/5")
+    assert split_redis_url("R", "unix:///tmp/r.sock?db=2") == (
+        "unix:///tmp/r.sock?db=2",
+        "unix:///tmp/r.sock?db=3",
+    )
