@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -98,3 +100,48 @@ def start_worker(
     yield start
     for worker in started:
         worker.kill()
+
+
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def chromium_browser() -> Iterator[Any]:
+    """Headless Debian Chromium driven by Playwright (no browser download)."""
+    # Playwright's sync API runs an event loop in this thread; Django then refuses
+    # ORM calls from it unless told the test knows what it does.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert executable, "browser tests need Debian's chromium: apt-get install chromium"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=CHROMIUM_FLAGS
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(chromium_browser: Any) -> Iterator[Any]:
+    context = chromium_browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def screenshot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
