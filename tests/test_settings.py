@@ -16,16 +16,21 @@ from project.redis_urls import split_redis_url
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_django(**env: str) -> subprocess.CompletedProcess[str]:
+def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run manage.py in a fresh process with only ``env`` on top of a clean environment."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "JOBS_"))}
     return subprocess.run(
-        [sys.executable, "manage.py", "check"],
+        [sys.executable, "manage.py", *args],
         cwd=ROOT,
         env={**clean, "DJANGO_SETTINGS_MODULE": "project.settings", **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def start_django(**env: str) -> subprocess.CompletedProcess[str]:
+    return manage("check", **env)
 
 
 @pytest.mark.parametrize(
@@ -54,18 +59,9 @@ def test_production_refuses_the_insecure_dev_secret_key() -> None:
 
 
 def test_production_settings_pass_the_deploy_check() -> None:
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "project.settings",
-            "DJANGO_DEBUG": "0",
-            "DJANGO_SECRET_KEY": "k" * 60 + "-production-like-secret-value",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
+    secret = "k" * 60 + "-production-like-secret-value"
+    result = manage(
+        "check", "--deploy", "--fail-level", "WARNING", DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secret
     )
     assert result.returncode == 0, result.stderr + result.stdout
 

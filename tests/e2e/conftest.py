@@ -130,6 +130,7 @@ def chromium_browser() -> Iterator[Any]:
         )
         yield browser
         browser.close()
+    del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
 
 @pytest.fixture
