@@ -2,6 +2,96 @@ from __future__ import annotations
 
 from django.db import models
 
+from jobs import states
+
+
+class Job(models.Model):
+    """One Dramatiq message and what became of it: the job ledger.
+
+    Written by ``jobs.middleware.ledger.Ledger``. ``progress`` orders the events
+    of one message (``jobs.ledger.progress_of``); a write only applies when it
+    moves progress forward, so a late "enqueued" never overwrites "running" and
+    a terminal state is never left.
+    """
+
+    class State(models.TextChoices):
+        ENQUEUED = states.ENQUEUED, "enqueued"
+        DELAYED = states.DELAYED, "delayed"
+        RUNNING = states.RUNNING, "running"
+        SUCCEEDED = states.SUCCEEDED, "succeeded"
+        FAILED = states.FAILED, "failed"
+        SKIPPED = states.SKIPPED, "skipped"
+
+    message_id = models.CharField(max_length=36, unique=True)
+    actor_name = models.CharField(max_length=200, db_index=True)
+    queue_name = models.CharField(max_length=200, db_index=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ENQUEUED)
+    progress = models.BigIntegerField(default=0)
+    attempts = models.PositiveIntegerField(default=0, help_text="attempts started so far")
+    max_attempts = models.PositiveIntegerField(default=1)
+    args = models.JSONField(default=list, blank=True, help_text="secret-looking values redacted")
+    kwargs = models.JSONField(default=dict, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    redis_message_id = models.CharField(max_length=36, blank=True, default="")
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True, help_text="start of the last attempt")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.PositiveIntegerField(
+        null=True, blank=True, help_text="of the last attempt"
+    )
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+    worker_host = models.CharField(max_length=200, blank=True, default="")
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+    error_type = models.CharField(max_length=200, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    skip_reason = models.CharField(max_length=200, blank=True, default="")
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+    )
+    checkpoints = models.JSONField(default=dict, blank=True, help_text="step -> saved data")
+
+    class Meta:
+        ordering = ("-id",)
+        indexes = [
+            models.Index(fields=["state", "-id"], name="jobs_job_state_id"),
+            models.Index(fields=["enqueued_at"], name="jobs_job_enqueued_at"),
+            models.Index(fields=["state", "finished_at"], name="jobs_job_state_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.message_id} ({self.state})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in states.TERMINAL_STATES
+
+
+class JobAttempt(models.Model):
+    """A failed attempt of a job: kept so every attempt's error stays visible."""
+
+    job = models.ForeignKey(
+        Job, to_field="message_id", on_delete=models.CASCADE, related_name="failures"
+    )
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    error_type = models.CharField(max_length=200)
+    error_message = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    worker_host = models.CharField(max_length=200, blank=True, default="")
+    worker_pid = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("number",)
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="jobs_attempt_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of {self.job_id}: {self.error_type}"
+
 
 class EffectRecord(models.Model):
     """One side effect (an email, a report) guarded by an idempotency key.

@@ -124,20 +124,37 @@ JOBS_MAX_BACKOFF_MS = env_int("JOBS_MAX_BACKOFF_MS", 3_600_000, minimum=1)
 # Default time limit of one attempt; actors may set their own ``time_limit``.
 JOBS_TIME_LIMIT_MS = env_int("JOBS_TIME_LIMIT_MS", 10 * 60_000, minimum=1)
 
+# Job ledger: every message's state in the database (jobs.Job, shown in the admin).
+JOBS_LEDGER_ENABLED = env_bool("JOBS_LEDGER_ENABLED", True)
+# Events are written in batches by a background thread every this many ms;
+# 0 writes each event at once in the thread that saw it.
+JOBS_LEDGER_FLUSH_MS = env_int("JOBS_LEDGER_FLUSH_MS", 200, minimum=0)
+# Retention (python manage.py prunejobs; periodic once the scheduler runs).
+JOBS_KEEP_FAILED = env_int("JOBS_KEEP_FAILED", 1000, minimum=0)
+JOBS_KEEP_SUCCEEDED_DAYS = env_int("JOBS_KEEP_SUCCEEDED_DAYS", 7, minimum=0)
+# A paused queue's messages come back this often to see if it was resumed.
+JOBS_PAUSE_RECHECK_MS = env_int("JOBS_PAUSE_RECHECK_MS", 5_000, minimum=10)
+
 DRAMATIQ_BROKER = {
     "BROKER": "dramatiq.brokers.redis.RedisBroker",
     "OPTIONS": {"url": BROKER_REDIS_URL},
     # Listing middleware replaces Dramatiq's defaults, so every one we rely on is
-    # written out; dropping one here silently drops its behaviour.
+    # written out; dropping one here silently drops its behaviour. Dramatiq runs
+    # before_* hooks in this order and after_* hooks in reverse, hence:
     "MIDDLEWARE": [
+        # first in, last out: connections are tidied after the ledger wrote
+        "django_dramatiq.middleware.DbConnectionsMiddleware",
         "dramatiq.middleware.AgeLimit",
         "jobs.middleware.time_limit.TimeLimit",
         "dramatiq.middleware.ShutdownNotifications",
         "dramatiq.middleware.Callbacks",
         "dramatiq.middleware.Pipelines",
-        "jobs.middleware.retries.Retries",
         "dramatiq.middleware.CurrentMessage",
-        "django_dramatiq.middleware.DbConnectionsMiddleware",
+        # a paused or cancelled message is turned away before the ledger marks it running
+        "jobs.middleware.control.Control",
+        # after Retries has failed or re-enqueued a message, the ledger records it
+        "jobs.middleware.ledger.Ledger",
+        "jobs.middleware.retries.Retries",
     ],
 }
 

@@ -93,6 +93,17 @@ def attempts(broker: dramatiq.Broker) -> Iterator[AttemptRecorder]:
     broker.middleware.remove(recorder)
 
 
+@pytest.fixture(scope="session")
+def booted_broker() -> dramatiq.Broker:
+    """The broker after "process boot": what ``rundramatiq`` does before working.
+
+    In-process workers skip that hook, and TimeLimit starts its watchdog there.
+    """
+    broker = dramatiq.get_broker()
+    broker.emit_after("process_boot")
+    return broker
+
+
 @pytest.fixture
 def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
     """A real in-process Dramatiq worker on the real Redis broker."""

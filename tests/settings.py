@@ -29,6 +29,9 @@ if not os.environ.get("REDIS_URL"):
 os.environ.setdefault("JOBS_MIN_BACKOFF_MS", "200")
 os.environ.setdefault("JOBS_MAX_BACKOFF_MS", "2000")
 os.environ.setdefault("SIGNUP_RATE_LIMIT", "off")
+# Ledger writes at once, so a test sees them without waiting for a batch.
+os.environ.setdefault("JOBS_LEDGER_FLUSH_MS", "0")
+os.environ.setdefault("JOBS_PAUSE_RECHECK_MS", "100")
 TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
 os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
 

@@ -1,0 +1,233 @@
+"""Record job events in the database: the write side of the job ledger.
+
+Every Dramatiq hook becomes an ``Event``. ``record()`` writes it at once when
+``JOBS_LEDGER_FLUSH_MS`` is 0, otherwise hands it to a per-process background
+writer that merges the events of each flush into one transaction (a no-op job
+then costs about two statements instead of six, and worker threads never wait
+on the database). Writes are ordered by ``progress``:
+
+    progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
+    progress = TERMINAL for succeeded, failed and skipped
+
+and applied by a conditional UPDATE (``progress < new``), so events may arrive
+late, twice, or from several processes in any order without moving a job
+backwards. A failing write is logged and counted, never raised: the ledger must
+not break the job it records.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+logger = logging.getLogger(__name__)
+
+PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 1, 2, 3
+TERMINAL = 10**12
+
+
+def progress_of(attempt_index: int, phase: int) -> int:
+    return attempt_index * 10 + phase
+
+
+@dataclass
+class Event:
+    """One state change of one message.
+
+    ``create`` holds the columns a new row needs (identity, arguments, times);
+    ``update`` the columns this event moves forward.
+    """
+
+    message_id: str
+    state: str
+    progress: int
+    create: dict[str, Any]
+    update: dict[str, Any] = field(default_factory=dict)
+    failure: dict[str, Any] | None = None
+    # Columns written whatever the progress, unless the job is already terminal
+    # (the last error of an attempt that will be retried).
+    annotate: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Stats:
+    """Per-process ledger counters (exported as metrics)."""
+
+    events: int = 0
+    writes: int = 0
+    statements: int = 0
+    write_failures: int = 0
+
+
+stats = Stats()
+
+
+def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
+    """One event per message (the furthest one, carrying every field seen) + failures."""
+    merged: dict[str, Event] = {}
+    failures: list[dict[str, Any]] = []
+    for event in sorted(events, key=lambda e: e.progress):
+        if event.failure is not None:
+            failures.append({"job_id": event.message_id, **event.failure})
+        current = merged.get(event.message_id)
+        if current is None:
+            merged[event.message_id] = Event(
+                event.message_id,
+                event.state,
+                event.progress,
+                dict(event.create),
+                dict(event.update),
+                annotate=dict(event.annotate),
+            )
+        else:
+            current.state, current.progress = event.state, event.progress
+            current.update.update(event.update)
+            current.annotate.update(event.annotate)
+            for key, value in event.create.items():
+                current.create.setdefault(key, value)
+    return list(merged.values()), failures
+
+
+def _apply(event: Event) -> int:
+    from jobs.models import Job
+
+    stats.statements += 1
+    return Job.objects.filter(message_id=event.message_id, progress__lt=event.progress).update(
+        state=event.state, progress=event.progress, **event.update
+    )
+
+
+def write(events: list[Event]) -> None:
+    """Write ``events`` in one transaction: forward-only, insert-race safe."""
+    # Imported here: middleware loads this module before the app registry is ready.
+    from jobs.models import Job, JobAttempt
+
+    merged, failures = _merge(events)
+    with transaction.atomic():
+        missing = [event for event in merged if not _apply(event)]
+        if missing:
+            # Rows not there yet (or already further along). Insert-or-ignore,
+            # then re-apply: another process may have inserted the row with a
+            # lower progress between our UPDATE and our INSERT.
+            stats.statements += 1
+            Job.objects.bulk_create(
+                [
+                    Job(
+                        message_id=e.message_id,
+                        state=e.state,
+                        progress=e.progress,
+                        **{**e.create, **e.update},
+                    )
+                    for e in missing
+                ],
+                ignore_conflicts=True,
+            )
+            for event in missing:
+                _apply(event)
+        for event in merged:
+            if event.annotate and event.progress < TERMINAL:
+                stats.statements += 1
+                Job.objects.filter(message_id=event.message_id, progress__lt=TERMINAL).update(
+                    **event.annotate
+                )
+        if failures:
+            stats.statements += 1
+            JobAttempt.objects.bulk_create(
+                [JobAttempt(**failure) for failure in failures], ignore_conflicts=True
+            )
+    stats.writes += 1
+
+
+def _write_safely(events: list[Event]) -> None:
+    try:
+        write(events)
+    except Exception:
+        stats.write_failures += 1
+        logger.exception("Job ledger write failed; %d event(s) not recorded", len(events))
+
+
+class BatchWriter:
+    """A background thread that flushes buffered events every ``interval`` seconds."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.pid = os.getpid()
+        self.buffer: deque[Event] = deque()
+        self.wakeup = threading.Event()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.thread = threading.Thread(target=self._run, name="job-ledger-writer", daemon=True)
+        self.thread.start()
+
+    def add(self, event: Event) -> None:
+        self.idle.clear()
+        self.buffer.append(event)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Write everything buffered so far; True when the buffer drained in time."""
+        deadline = time.monotonic() + timeout
+        while self.buffer or not self.idle.is_set():
+            self.wakeup.set()
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def _drain(self) -> None:
+        events = []
+        while self.buffer:
+            events.append(self.buffer.popleft())
+        if events:
+            _write_safely(events)
+
+    def _run(self) -> None:
+        while True:
+            self.wakeup.wait(self.interval)
+            self.wakeup.clear()
+            try:
+                self._drain()
+            finally:
+                close_old_connections()
+                if not self.buffer:
+                    self.idle.set()
+
+
+_writer: BatchWriter | None = None
+_writer_lock = threading.Lock()
+
+
+def _batch_writer() -> BatchWriter:
+    global _writer
+    interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
+    # A forked child (gunicorn, dramatiq processes) has no copy of the thread.
+    if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+        with _writer_lock:
+            if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+                _writer = BatchWriter(interval)
+    return _writer
+
+
+def record(event: Event) -> None:
+    """Record ``event``: now (flush interval 0) or with the next batch."""
+    if not settings.JOBS_LEDGER_ENABLED:
+        return
+    stats.events += 1
+    if settings.JOBS_LEDGER_FLUSH_MS <= 0:
+        _write_safely([event])
+    else:
+        _batch_writer().add(event)
+
+
+def flush(timeout: float = 10.0) -> bool:
+    """Wait until every event recorded in this process is written."""
+    if _writer is None or _writer.pid != os.getpid():
+        return True
+    return _writer.flush(timeout)

@@ -1,0 +1,182 @@
+"""The Dramatiq middleware that turns message hooks into ledger events.
+
+Listed just before Retries in ``DRAMATIQ_BROKER["MIDDLEWARE"]``: Dramatiq runs
+after_* hooks in reverse order, so when our ``after_process_message`` runs,
+Retries has already either failed the message (``message.failed``) or
+re-enqueued it for a retry.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import Broker, MessageProxy
+
+from jobs import ledger, states
+from jobs.ledger import PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING, TERMINAL, Event, progress_of
+from jobs.redaction import redact
+
+HOST = socket.gethostname()
+MAX_TEXT = 10_000
+_OPTION_KEYS = ("max_retries", "min_backoff", "max_backoff", "time_limit", "max_age", "retry_of")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _from_millis(millis: int | float) -> datetime:
+    return datetime.fromtimestamp(millis / 1000, UTC)
+
+
+def canonical_queue(queue_name: str) -> str:
+    return queue_name[:-3] if queue_name.endswith(".DQ") else queue_name
+
+
+def _attempt_index(message: dramatiq.Message[Any] | MessageProxy) -> int:
+    return int(message.options.get("retries", 0))
+
+
+def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
+    max_retries = message.options.get("max_retries")
+    if max_retries is None:
+        actor = broker.get_actor(message.actor_name)
+        max_retries = actor.options.get("max_retries")
+    if max_retries is None:
+        for middleware in broker.middleware:
+            if hasattr(middleware, "max_retries"):
+                max_retries = middleware.max_retries
+    return int(max_retries or 0) + 1
+
+
+def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
+    return {
+        "actor_name": message.actor_name,
+        "queue_name": canonical_queue(message.queue_name),
+        "args": redact(list(message.args)),
+        "kwargs": redact(dict(message.kwargs)),
+        "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),
+        "enqueued_at": _from_millis(message.message_timestamp),
+        "max_attempts": _max_attempts(broker, message),
+    }
+
+
+def _error_fields(exception: BaseException) -> dict[str, Any]:
+    text = "".join(traceback.format_exception(exception))
+    return {
+        "error_type": type(exception).__name__,
+        "error_message": str(exception)[:MAX_TEXT],
+        "traceback": text[-MAX_TEXT:],
+    }
+
+
+class Ledger(dramatiq.Middleware):
+    """Records every message's state, attempts, timings and failures."""
+
+    def __init__(self) -> None:
+        # message id -> (monotonic start, wall-clock start, attempt number)
+        self._started: dict[str, tuple[float, datetime, int]] = {}
+
+    def after_enqueue(
+        self, broker: Broker, message: dramatiq.Message[Any], delay: int | None
+    ) -> None:
+        attempt = _attempt_index(message)
+        update: dict[str, Any] = {"redis_message_id": message.options.get("redis_message_id", "")}
+        if delay:
+            state, phase = states.DELAYED, PHASE_DELAYED
+            update["next_retry_at"] = _from_millis(message.options.get("eta", time.time() * 1000))
+        else:
+            state, phase = states.ENQUEUED, PHASE_ENQUEUED
+        ledger.record(
+            Event(
+                message.message_id,
+                state,
+                progress_of(attempt, phase),
+                _create_fields(broker, message),
+                update,
+            )
+        )
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        attempt = _attempt_index(message)
+        started = _now()
+        self._started[message.message_id] = (time.monotonic(), started, attempt + 1)
+        update = {
+            "attempts": attempt + 1,
+            "started_at": started,
+            "worker_host": HOST,
+            "worker_pid": os.getpid(),
+            "next_retry_at": None,
+            "redis_message_id": message.options.get("redis_message_id", ""),
+        }
+        ledger.record(
+            Event(
+                message.message_id,
+                states.RUNNING,
+                progress_of(attempt, PHASE_RUNNING),
+                _create_fields(broker, message),
+                update,
+            )
+        )
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        default = (time.monotonic(), _now(), _attempt_index(message) + 1)
+        started_mono, started_at, number = self._started.pop(message.message_id, default)
+        timing = {
+            "finished_at": _now(),
+            "duration_ms": int((time.monotonic() - started_mono) * 1000),
+        }
+        create = _create_fields(broker, message)
+        if exception is None:
+            ledger.record(Event(message.message_id, states.SUCCEEDED, TERMINAL, create, timing))
+            return
+        errors = _error_fields(exception)
+        failure = {
+            "number": number,
+            "started_at": started_at,
+            "worker_host": HOST,
+            "worker_pid": os.getpid(),
+            **timing,
+            **errors,
+        }
+        if message.failed:
+            state, progress = states.FAILED, TERMINAL
+            update = {**timing, **errors}
+        else:
+            # Retries has enqueued the retry already (a "delayed" event for the
+            # next attempt); this one only notes the error on the job.
+            state, progress, update = states.RUNNING, progress_of(number - 1, PHASE_RUNNING), {}
+        ledger.record(
+            Event(message.message_id, state, progress, create, update, failure, annotate=errors)
+        )
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._started.pop(message.message_id, None)
+        if message.options.get("paused_requeue"):
+            return
+        reason = message.options.get("skip_reason", "age limit")
+        ledger.record(
+            Event(
+                message.message_id,
+                states.SKIPPED,
+                TERMINAL,
+                _create_fields(broker, message),
+                {"finished_at": _now(), "skip_reason": reason},
+            )
+        )
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        ledger.flush()

@@ -1,0 +1,102 @@
+"""Queue state kept in Redis: depth, delayed, dead letters, pause and cancel marks.
+
+Reads the RedisBroker's own structures (see dramatiq's dispatch.lua):
+``<ns>:<queue>`` list of waiting ids, ``<queue>.msgs`` payloads,
+``<queue>.DQ.msgs`` delayed payloads, ``<queue>.XQ`` dead-letter sorted set.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import dramatiq
+
+from jobs.broker import redis_broker
+
+CONTROL_PREFIX = "jobs:control"
+CANCEL_TTL_SECONDS = 8 * 86400  # longer than the broker's 7-day max delay
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    name: str
+    waiting: int
+    delayed: int
+    dead: int
+    oldest_waiting_age_s: float | None
+    paused: bool
+
+
+def _key(*parts: str) -> str:
+    return ":".join((CONTROL_PREFIX, *parts))
+
+
+def queue_names() -> list[str]:
+    broker = redis_broker()
+    return sorted(q for q in broker.get_declared_queues() if not q.endswith((".DQ", ".XQ")))
+
+
+def queue_stats(queue_name: str) -> QueueStats:
+    broker = redis_broker()
+    base = f"{broker.namespace}:{queue_name}"
+    pipe = broker.client.pipeline(transaction=False)
+    pipe.llen(base)
+    pipe.hlen(f"{base}.DQ.msgs")
+    pipe.zcard(f"{base}.XQ")
+    pipe.lindex(base, 0)
+    pipe.exists(_key("paused", queue_name))
+    waiting, delayed, dead, oldest_id, paused = pipe.execute()
+    age = None
+    if oldest_id is not None:
+        raw = broker.client.hget(f"{base}.msgs", oldest_id)
+        if raw is not None:
+            message = dramatiq.Message.decode(cast(bytes, raw))
+            age = max(0.0, time.time() - message.message_timestamp / 1000)
+    return QueueStats(queue_name, waiting, delayed, dead, age, bool(paused))
+
+
+def all_queue_stats() -> list[QueueStats]:
+    return [queue_stats(name) for name in queue_names()]
+
+
+def pause(queue_name: str) -> None:
+    redis_broker().client.set(_key("paused", queue_name), "1")
+
+
+def resume(queue_name: str) -> None:
+    redis_broker().client.delete(_key("paused", queue_name))
+
+
+def cancel(message_ids: list[str]) -> None:
+    """Mark messages so a worker skips them instead of running them."""
+    if not message_ids:
+        return
+    pipe = redis_broker().client.pipeline(transaction=False)
+    for message_id in message_ids:
+        pipe.set(_key("cancel", message_id), "1", ex=CANCEL_TTL_SECONDS)
+    pipe.execute()
+
+
+def gate(queue_name: str, message_id: str) -> tuple[bool, bool]:
+    """``(paused, cancelled)`` for a message about to run: one round trip."""
+    paused, cancelled = redis_broker().client.mget(
+        _key("paused", queue_name), _key("cancel", message_id)
+    )
+    return paused is not None, cancelled is not None
+
+
+def dead_letter(queue_name: str, redis_message_id: str) -> dramatiq.Message[Any] | None:
+    """The full dead-lettered message (unredacted arguments), while Redis keeps it."""
+    broker = redis_broker()
+    raw = broker.client.hget(f"{broker.namespace}:{queue_name}.XQ.msgs", redis_message_id)
+    return None if raw is None else dramatiq.Message.decode(cast(bytes, raw))
+
+
+def drop_dead_letter(queue_name: str, redis_message_id: str) -> None:
+    broker = redis_broker()
+    pipe = broker.client.pipeline()
+    pipe.zrem(f"{broker.namespace}:{queue_name}.XQ", redis_message_id)
+    pipe.hdel(f"{broker.namespace}:{queue_name}.XQ.msgs", redis_message_id)
+    pipe.execute()
