@@ -46,13 +46,25 @@ class Job(models.Model):
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     skip_reason = models.CharField(max_length=200, blank=True, default="")
+    # By message id and without a constraint: the original may be pruned first.
     retry_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries"
+        "self",
+        to_field="message_id",
+        null=True,
+        blank=True,
+        db_constraint=False,
+        on_delete=models.DO_NOTHING,
+        related_name="retries",
     )
     checkpoints = models.JSONField(default=dict, blank=True, help_text="step -> saved data")
 
     class Meta:
         ordering = ("-id",)
+        permissions = [
+            ("retry_job", "Can retry failed jobs"),
+            ("cancel_job", "Can cancel waiting jobs"),
+            ("pause_queue", "Can pause and resume queues"),
+        ]
         indexes = [
             models.Index(fields=["state", "-id"], name="jobs_job_state_id"),
             models.Index(fields=["enqueued_at"], name="jobs_job_enqueued_at"),

@@ -64,6 +64,7 @@ def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy
         "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),
         "enqueued_at": _from_millis(message.message_timestamp),
         "max_attempts": _max_attempts(broker, message),
+        "retry_of_id": message.options.get("retry_of"),
     }
 
 
