@@ -20,7 +20,7 @@ from django_dramatiq.models import Task
 from jobs import operations, queues
 from jobs.broker import redis_broker
 from jobs.dashboard import dashboard_context
-from jobs.models import EffectRecord, Job, JobAttempt
+from jobs.models import EffectRecord, Job
 from jobs.pagination import CheapCountPaginator
 
 # django-dramatiq's own Task table is not written here (its AdminMiddleware has
@@ -79,18 +79,6 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue_name=value) if value else queryset
 
 
-class JobAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
-    model = JobAttempt
-    fk_name = "job"
-    extra = 0
-    can_delete = False
-    fields = ("number", "started_at", "duration_ms", "error_type", "error_message", "worker_host")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = (
@@ -111,7 +99,6 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_per_page = 50
     date_hierarchy = None
     actions = ("retry_selected", "cancel_selected", "delete_selected_in_batches")
-    inlines = (JobAttemptInline,)
     readonly_fields = (
         "message_id",
         "state_coloured",
@@ -204,9 +191,12 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # Tracebacks quote job data: escaped by format_html, never mark_safe.
         return format_html_join(
             "\n",
-            "<details><summary>Attempt {}: {}: {}</summary>"
+            "<details><summary>Attempt {} ({} ms on {}): {}: {}</summary>"
             '<pre style="white-space:pre-wrap">{}</pre></details>',
-            ((a.number, a.error_type, a.error_message, a.traceback) for a in job.failures.all()),
+            (
+                (a.number, a.duration_ms, a.worker_host, a.error_type, a.error_message, a.traceback)
+                for a in job.failures.all()
+            ),
         ) or format_html('<pre style="white-space:pre-wrap">{}</pre>', job.traceback or "-")
 
     # --- read-mostly ----------------------------------------------------------

@@ -107,7 +107,8 @@ def test_the_detail_shows_the_traceback_escaped(staff: Client, failed_job: Job) 
 
     assert "<script>alert" not in html
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
-    assert "<details><summary>Attempt 1: PermanentJobError" in html
+    assert "<details><summary>Attempt 1 (" in html
+    assert "): PermanentJobError: cannot handle &lt;script&gt;" in html
     assert "Traceback (most recent call last)" in html
     assert "&quot;args&quot;" in html  # arguments pretty-printed as JSON
 
