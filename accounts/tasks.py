@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import dramatiq
+from django.conf import settings
 
+from accounts import selectors  # noqa: F401 - registers the cache loaders for warm-up jobs
 from accounts.services import welcome_email_send
 from jobs.errors import PermanentJobError
+from jobs.ratelimits import rate_limited
+
+
+def _welcome_email_rate() -> int:
+    return int(getattr(settings, "WELCOME_EMAIL_RATE_PER_SECOND", 10))
 
 
 @dramatiq.actor(queue_name="emails", time_limit=60_000)
+# The mail provider's rate: over it the job is delayed and retried, never failed.
+@rate_limited("welcome-email", limit=_welcome_email_rate)
 def send_welcome_email(user_id: int) -> None:
     # JSON payloads can carry anything: reject a wrong type before touching data.
     if type(user_id) is not int:

@@ -9,10 +9,11 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.forms import SignupForm, api_errors, api_form
 from accounts.ratelimit import Verdict, signup_allowed
+from accounts.selectors import UserNotFound, user_profile
 from accounts.services import RegistrationConflict, user_register
 
 API_FIELDS = ("username", "email", "password")
@@ -111,3 +112,12 @@ def api_signup(request: HttpRequest) -> HttpResponse:
         return _bad_request({conflict.field: [conflict.message]})
     data = {"id": user.pk, "username": user.get_username(), "email": form.cleaned_data["email"]}
     return JsonResponse({"data": data}, status=201)
+
+
+@require_GET
+def api_user_profile(request: HttpRequest, user_id: int) -> JsonResponse:
+    try:
+        profile = user_profile(user_id)
+    except UserNotFound:
+        return JsonResponse({"errors": {"user": [f"No user with id {user_id}."]}}, status=404)
+    return JsonResponse({"data": profile})

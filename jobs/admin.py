@@ -20,8 +20,10 @@ from django_dramatiq.models import Task
 from jobs import operations, queues
 from jobs.broker import redis_broker
 from jobs.dashboard import dashboard_context
-from jobs.models import EffectRecord, Job
+from jobs.models import DailyReport, EffectRecord, Job
 from jobs.pagination import CheapCountPaginator
+from jobs.schedules import run_now, schedule_rows
+from jobs.scheduling import periodic_actors
 
 # django-dramatiq's own Task table is not written here (its AdminMiddleware has
 # the state races of upstream issues 105 and 154); hide its empty admin.
@@ -266,6 +268,16 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                 name="jobs_dashboard",
             ),
             path(
+                "schedules/",
+                self.admin_site.admin_view(self.schedules_view),
+                name="jobs_schedules",
+            ),
+            path(
+                "schedules/<str:actor_name>/run/",
+                self.admin_site.admin_view(require_POST(self.run_now_view)),
+                name="jobs_run_now",
+            ),
+            path(
                 "dashboard/queue/<str:queue_name>/<str:verb>/",
                 self.admin_site.admin_view(require_POST(self.queue_control_view)),
                 name="jobs_queue_control",
@@ -285,6 +297,35 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         }
         return TemplateResponse(request, "admin/jobs/dashboard.html", context)
 
+    def schedules_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Schedules",
+            "opts": self.model._meta,
+            "schedules": schedule_rows(),
+            "can_run": request.user.has_perm("jobs.run_periodic"),
+        }
+        return TemplateResponse(request, "admin/jobs/schedules.html", context)
+
+    def run_now_view(self, request: HttpRequest, actor_name: str) -> HttpResponse:
+        if not request.user.has_perm("jobs.run_periodic"):
+            return HttpResponse("You may not run periodic jobs.", status=403)
+        actors = {a.actor_name: a for a in periodic_actors()}
+        if actor_name not in actors:
+            return HttpResponse("Unknown periodic job.", status=404)
+        message = run_now(actors[actor_name])
+        if message is None:
+            self.message_user(
+                request, f"{actor_name} was just started; not sent again.", messages.WARNING
+            )
+        else:
+            self.message_user(
+                request, f"{actor_name} enqueued ({message.message_id}).", messages.SUCCESS
+            )
+        return redirect("admin:jobs_schedules")
+
     def queue_control_view(self, request: HttpRequest, queue_name: str, verb: str) -> HttpResponse:
         if not request.user.has_perm("jobs.pause_queue"):
             return HttpResponse("You may not pause or resume queues.", status=403)
@@ -293,6 +334,33 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         (queues.pause if verb == "pause" else queues.resume)(queue_name)
         self.message_user(request, f"Queue {queue_name!r}: {verb}d.", messages.SUCCESS)
         return redirect("admin:jobs_dashboard")
+
+
+@admin.register(DailyReport)
+class DailyReportAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("date", "signups", "failed_jobs", "created_at", "emailed_at")
+    ordering = ("-date",)
+    date_hierarchy = "date"
+    fields = ("date", "created_at", "emailed_at", "report")
+    readonly_fields = fields
+
+    @admin.display(description="signups")
+    def signups(self, report: DailyReport) -> int:
+        return int(report.figures.get("signups", 0))
+
+    @admin.display(description="failed jobs")
+    def failed_jobs(self, report: DailyReport) -> int:
+        return int(report.figures.get("jobs_failed", 0))
+
+    @admin.display(description="report")
+    def report(self, report: DailyReport) -> SafeString:
+        return format_html('<pre style="white-space:pre-wrap">{}</pre>', report.text)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(EffectRecord)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count
@@ -46,10 +46,13 @@ def failure_rate(counts: dict[str, int]) -> float | None:
     return None if not finished else counts[states.FAILED] / finished
 
 
-def actor_figures(since: timedelta) -> list[ActorFigures]:
+def actor_figures(start: datetime, end: datetime | None = None) -> list[ActorFigures]:
+    """Per actor: jobs finished in [start, end), failures, p50/p95 duration."""
     finished = Job.objects.filter(
-        state__in=(states.SUCCEEDED, states.FAILED), finished_at__gte=timezone.now() - since
+        state__in=(states.SUCCEEDED, states.FAILED), finished_at__gte=start
     )
+    if end is not None:
+        finished = finished.filter(finished_at__lt=end)
     figures = []
     totals = finished.values("actor_name", "state").annotate(n=Count("id")).order_by()
     by_actor: dict[str, dict[str, int]] = {}
@@ -88,5 +91,5 @@ def dashboard_context() -> dict[str, Any]:
         "queues": queues.all_queue_stats(),
         "states": Job.State.values,
         "counts": [("Last hour", hour, failure_rate(hour)), ("Last day", day, failure_rate(day))],
-        "actors": actor_figures(timedelta(days=1)),
+        "actors": actor_figures(timezone.now() - timedelta(days=1)),
     }

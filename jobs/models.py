@@ -64,6 +64,7 @@ class Job(models.Model):
             ("retry_job", "Can retry failed jobs"),
             ("cancel_job", "Can cancel waiting jobs"),
             ("pause_queue", "Can pause and resume queues"),
+            ("run_periodic", "Can run periodic jobs now"),
         ]
         indexes = [
             models.Index(fields=["state", "-id"], name="jobs_job_state_id"),
@@ -128,3 +129,20 @@ class EffectRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.state})"
+
+
+class DailyReport(models.Model):
+    """The figures of one day, produced once per date by the ``daily_report`` job."""
+
+    date = models.DateField(unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    figures = models.JSONField(default=dict)
+    text = models.TextField()
+    html = models.TextField()
+    emailed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-date",)
+
+    def __str__(self) -> str:
+        return f"Report for {self.date.isoformat()}"

@@ -100,3 +100,29 @@ def drop_dead_letter(queue_name: str, redis_message_id: str) -> None:
     pipe.zrem(f"{broker.namespace}:{queue_name}.XQ", redis_message_id)
     pipe.hdel(f"{broker.namespace}:{queue_name}.XQ.msgs", redis_message_id)
     pipe.execute()
+
+
+def force_maintenance() -> None:
+    """Run the broker's maintenance now on every queue.
+
+    Dramatiq's Redis broker puts a dead worker's unacked messages back only
+    during maintenance, which it runs on ~0.1% of commands; at low traffic that
+    can take many minutes. The watchdog calls this to reconcile at once.
+    """
+    broker = redis_broker()
+    dispatch = broker.scripts["dispatch"]
+    for queue_name in queue_names():
+        for name in (queue_name, f"{queue_name}.DQ"):
+            dispatch(
+                args=[
+                    "qsize",
+                    int(time.time() * 1000),
+                    name,
+                    broker.broker_id,
+                    broker.heartbeat_timeout,
+                    broker.dead_message_ttl,
+                    1,
+                    broker._max_unpack_size(),  # type: ignore[no-untyped-call]
+                ],
+                keys=[broker.namespace],
+            )

@@ -7,7 +7,9 @@ naming the variable. See README "Configuration".
 
 from __future__ import annotations
 
+from email.utils import parseaddr
 from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -135,6 +137,46 @@ JOBS_KEEP_SUCCEEDED_DAYS = env_int("JOBS_KEEP_SUCCEEDED_DAYS", 7, minimum=0)
 # A paused queue's messages come back this often to see if it was resumed.
 JOBS_PAUSE_RECHECK_MS = env_int("JOBS_PAUSE_RECHECK_MS", 5_000, minimum=10)
 
+# --- Consistency toolkit (jobs.locks, jobs.cache, jobs.dedup) -------------------
+
+JOBS_LOCK_WAIT_WARNING_MS = env_int("JOBS_LOCK_WAIT_WARNING_MS", 1000, minimum=0)
+# How long cache readers wait for the one caller loading a missing key.
+JOBS_CACHE_LEASE_MS = env_int("JOBS_CACHE_LEASE_MS", 5000, minimum=1)
+# Safety expiry of a send_unique() key if its job never finishes.
+JOBS_DEDUP_TTL_MS = env_int("JOBS_DEDUP_TTL_MS", 3_600_000, minimum=1)
+# The mail provider's budget: welcome emails per second across all workers.
+WELCOME_EMAIL_RATE_PER_SECOND = env_int("WELCOME_EMAIL_RATE_PER_SECOND", 10, minimum=1)
+USER_PROFILE_CACHE_TTL = env_int("USER_PROFILE_CACHE_TTL", 300, minimum=1)
+
+# --- Scheduling (python manage.py runscheduler) ---------------------------------
+
+JOBS_SCHEDULE_TZ = env_str("JOBS_SCHEDULE_TZ", env_str("TIME_ZONE", "UTC"))
+try:
+    ZoneInfo(JOBS_SCHEDULE_TZ)
+except (ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfigured(
+        f"JOBS_SCHEDULE_TZ is not a time zone: {JOBS_SCHEDULE_TZ!r}"
+    ) from None
+# A periodic message still waiting this long after its tick is skipped.
+JOBS_PERIODIC_SKIP_AFTER_S = env_int("JOBS_PERIODIC_SKIP_AFTER_S", 3600, minimum=1)
+# Tests only: run the scheduler's clock this many times faster from this epoch.
+JOBS_SCHEDULER_SPEED = float(env_int("JOBS_SCHEDULER_SPEED", 1, minimum=1))
+JOBS_SCHEDULER_EPOCH = float(env_int("JOBS_SCHEDULER_EPOCH", 0, minimum=0))
+# "0 6 * * *": at 06:00 every day (in JOBS_SCHEDULE_TZ).
+REPORT_CRON = env_str("REPORT_CRON", "0 6 * * *")
+# A report missed while no scheduler ran is produced when one starts within this window.
+REPORT_CATCH_UP_HOURS = env_int("REPORT_CATCH_UP_HOURS", 12, minimum=0)
+# "* * * * *": every minute.
+WATCHDOG_CRON = env_str("WATCHDOG_CRON", "* * * * *")
+# "30 3 * * *": at 03:30 every day.
+PRUNE_CRON = env_str("PRUNE_CRON", "30 3 * * *")
+# Watchdog thresholds.
+WATCHDOG_GRACE_S = env_int("WATCHDOG_GRACE_S", 60, minimum=0)
+WATCHDOG_LOCK_MAX_AGE_S = env_int("WATCHDOG_LOCK_MAX_AGE_S", 900, minimum=1)
+WATCHDOG_QUEUE_STALL_MINUTES = env_int("WATCHDOG_QUEUE_STALL_MINUTES", 5, minimum=1)
+# One alert mail per incident kind within this many minutes.
+WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum=1)
+
 DRAMATIQ_BROKER = {
     "BROKER": "dramatiq.brokers.redis.RedisBroker",
     "OPTIONS": {"url": BROKER_REDIS_URL},
@@ -155,6 +197,10 @@ DRAMATIQ_BROKER = {
         # after Retries has failed or re-enqueued a message, the ledger records it
         "jobs.middleware.ledger.Ledger",
         "jobs.middleware.retries.Retries",
+        # periodiq's option check (periodic=, catch_up=) and stale-tick skipping
+        "jobs.middleware.periodic.Periodic",
+        # frees send_unique() keys once a job is finished for good
+        "jobs.middleware.dedup.Dedup",
     ],
 }
 
@@ -166,6 +212,9 @@ EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Signup <noreply@localhost>")
+SERVER_EMAIL = DEFAULT_FROM_EMAIL
+# Site admins get the daily report and watchdog alerts: "Ada <ada@example.com>, ops@example.com"
+ADMINS = [parseaddr(item) for item in env_list("DJANGO_ADMINS", ["Admin <admin@localhost>"])]
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 
 # --- Signup ------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_every_app_service_runs_a_command_that_exists() -> None:
         else:
             raise AssertionError(f"{name}: unknown command {argv}")
         checked.append(name)
-    assert {"web", "worker", "migrate"} <= set(checked)
+    assert {"web", "worker", "migrate", "scheduler"} <= set(checked)
 
 
 def test_redis_persists_jobs_and_every_long_running_service_has_a_health_check() -> None:

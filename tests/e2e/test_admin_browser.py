@@ -21,7 +21,7 @@ def wait_for_state(message_id: str, state: str, timeout: float = 10) -> Job:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ledger.flush()
-        job = Job.objects.filter(retry_of_id=message_id).first()
+        job = Job.objects.filter(retry_of__message_id=message_id).first()
         if job is not None and job.state == state:
             return job
         time.sleep(0.05)

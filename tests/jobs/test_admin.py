@@ -123,7 +123,7 @@ def test_retry_re_enqueues_a_failed_job_that_then_succeeds(
     assert "Retried 1 job(s)." in response.content.decode()
     run_queue(broker)
 
-    retry = Job.objects.get(retry_of_id=failed_job.message_id)
+    retry = Job.objects.get(retry_of__message_id=failed_job.message_id)
     assert retry.state == "succeeded"
     assert retry.args == failed_job.args
     assert queues.queue_stats(QUEUE).dead == 0
@@ -194,7 +194,7 @@ def test_staff_without_permissions_cannot_act(client: Client, failed_job: Job) -
     assert client.get(LIST).status_code == 200
     assert "retry_selected" not in client.get(LIST).content.decode()
     action(client, "retry_selected", [failed_job])  # the action is not offered: ignored
-    assert not Job.objects.filter(retry_of_id=failed_job.message_id).exists()
+    assert not Job.objects.filter(retry_of__message_id=failed_job.message_id).exists()
     response = client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
     assert response.status_code == 403
     assert not queues.queue_stats(QUEUE).paused

@@ -1,0 +1,43 @@
+"""System checks of the job platform (``manage.py check``, start-up of every command).
+
+``jobs.W001``: an actor holds a lock without renewal whose TTL is shorter than the
+actor's time limit. Such a job can outlive its lock: the lock expires, a second
+worker takes it, and both run the critical section at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+from django.conf import settings
+from django.core.checks import CheckMessage, Warning
+from django.utils.module_loading import autodiscover_modules
+
+from jobs.locks import lock_declarations
+
+
+def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Actors exist once their modules are imported; the web process never
+    # imports them otherwise.
+    autodiscover_modules(*getattr(settings, "DRAMATIQ_AUTODISCOVER_MODULES", ("tasks",)))
+    broker = dramatiq.get_broker()
+    default_limit_ms = getattr(settings, "JOBS_TIME_LIMIT_MS", 600_000)
+    warnings: list[CheckMessage] = []
+    for actor_name in sorted(broker.get_declared_actors()):
+        actor = broker.get_actor(actor_name)
+        time_limit_ms = actor.options.get("time_limit", default_limit_ms)
+        for declared in lock_declarations(actor.fn):
+            if declared.renew or time_limit_ms <= declared.ttl * 1000:
+                continue
+            warnings.append(
+                Warning(
+                    f"Actor {actor_name!r} may run {time_limit_ms / 1000:g} s but holds lock "
+                    f"{declared.name_template!r} for {declared.ttl:g} s without renewal.",
+                    hint="Pass renew=True, raise the lock's ttl above the time limit, "
+                    "or lower the actor's time_limit.",
+                    obj=actor_name,
+                    id="jobs.W001",
+                )
+            )
+    return warnings
