@@ -24,7 +24,11 @@ def _profile_ttl() -> float:
 
 @cache_loader(PROFILE_NAMESPACE, ttl=300)
 def user_profile_load(key: str) -> dict[str, Any] | None:
-    """The profile of user ``key`` from the database; None if there is no such user."""
+    """The public profile of user ``key``; None if there is no such user.
+
+    Public, so the address and other private fields stay out of it (the endpoint
+    needs no login).
+    """
     user = User.objects.filter(pk=int(key)).first()
     if user is None:
         return None
@@ -32,9 +36,7 @@ def user_profile_load(key: str) -> dict[str, Any] | None:
     return {
         "id": user.pk,
         "username": user.get_username(),
-        "email": getattr(user, "email", ""),
         "first_name": getattr(user, "first_name", ""),
-        "last_name": getattr(user, "last_name", ""),
         "date_joined": joined.isoformat() if joined is not None else None,
     }
 

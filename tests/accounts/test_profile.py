@@ -28,6 +28,7 @@ def test_it_returns_the_profile_and_serves_the_second_read_from_the_cache(
     assert data["username"] == "ada"
     assert data["first_name"] == "Ada"
     assert "password" not in data
+    assert "email" not in data  # the profile is public: no private fields
     assert cache_stats()["user-profile"] == {"hits": 1, "misses": 1}
 
 
