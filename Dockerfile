@@ -7,7 +7,7 @@ COPY . .
 # collectstatic needs settings but no real secret or services.
 RUN DJANGO_DEBUG=0 DJANGO_SECRET_KEY=collectstatic-only-not-a-real-secret-value-0123456789 \
     python manage.py collectstatic --noinput
-RUN useradd --create-home app && mkdir -p /app/var && chown app /app/var
+RUN useradd --create-home app && mkdir -p /app/var/prometheus && chown -R app /app/var
 USER app
 EXPOSE 8000
-CMD ["gunicorn", "project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "2"]
+CMD ["gunicorn", "project.wsgi"]

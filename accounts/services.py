@@ -14,6 +14,7 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 
+from jobs import metrics
 from jobs.errors import PermanentJobError
 from jobs.idempotency import run_once
 
@@ -45,6 +46,7 @@ def user_register(*, username: str, email: str, password: str) -> AbstractBaseUs
             # robust: a broker hiccup at this point must not turn a committed
             # signup into a 500; the error is logged with the user id.
             transaction.on_commit(lambda: send_welcome_email.send(user_id), robust=True)
+            transaction.on_commit(metrics.SIGNUPS.inc)
     except IntegrityError as exc:
         field = "email" if "email" in str(exc).lower() else "username"
         raise RegistrationConflict(field, f"A user with that {field} already exists.") from exc
@@ -71,7 +73,9 @@ def welcome_email_send(*, user_id: int) -> bool:
         to=[email],
     )
     message.attach_alternative(render_to_string("emails/welcome.html", context), "text/html")
-    return run_once(f"welcome-email:{user_id}", lambda: _deliver(message))
+    sent = run_once(f"welcome-email:{user_id}", lambda: _deliver(message))
+    logger.info("Welcome email %s for user %s", "sent" if sent else "already sent", user_id)
+    return sent
 
 
 def _deliver(message: EmailMultiAlternatives) -> None:

@@ -28,6 +28,8 @@ from typing import Any
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from jobs import metrics
+
 logger = logging.getLogger(__name__)
 
 PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 1, 2, 3
@@ -151,6 +153,7 @@ def _write_safely(events: list[Event]) -> None:
         write(events)
     except Exception:
         stats.write_failures += 1
+        metrics.LEDGER_WRITE_FAILURES.inc()
         logger.exception("Job ledger write failed; %d event(s) not recorded", len(events))
 
 

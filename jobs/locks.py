@@ -47,6 +47,7 @@ from dramatiq.middleware import CurrentMessage
 from redis import Redis
 from redis.exceptions import RedisError
 
+from jobs import metrics
 from jobs.errors import TransientJobError
 from jobs.redis_scripts import LuaScript
 
@@ -119,9 +120,15 @@ class LockStats:
         with self._mutex:
             for name, delta in deltas.items():
                 setattr(self._values, name, getattr(self._values, name) + delta)
+        if "timeouts" in deltas:
+            metrics.LOCK_TIMEOUTS.inc(deltas["timeouts"])
+        if "lost" in deltas:
+            metrics.LOCKS_LOST.inc(deltas["lost"])
 
     def acquired(self, waited: float) -> None:
         values = self._values
+        metrics.LOCK_WAIT.observe(waited)
+        metrics.LOCKS_HELD.inc()
         with self._mutex:
             values.acquired += 1
             values.held += 1
@@ -130,6 +137,7 @@ class LockStats:
                 values.wait_seconds += waited
 
     def released(self) -> None:
+        metrics.LOCKS_HELD.dec()
         with self._mutex:
             self._values.held -= 1
 

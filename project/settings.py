@@ -7,6 +7,7 @@ naming the variable. See README "Configuration".
 
 from __future__ import annotations
 
+import os
 from email.utils import parseaddr
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -19,6 +20,12 @@ from project.redis_urls import split_redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+
+# Prometheus multiprocess mode: every process (web, workers, scheduler) writes
+# its metrics here and /metrics sums them. prometheus_client reads this when it
+# is first imported, which is after settings load in every entry point.
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(VAR_DIR / "prometheus"))
+Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).mkdir(parents=True, exist_ok=True)
 
 # --- Core --------------------------------------------------------------------
 
@@ -46,6 +53,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "jobs.logcontext.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -192,9 +200,12 @@ DRAMATIQ_BROKER = {
         "dramatiq.middleware.Callbacks",
         "dramatiq.middleware.Pipelines",
         "dramatiq.middleware.CurrentMessage",
+        # request id into messages; job id, actor, attempt, queue onto log lines
+        "jobs.logcontext.JobLogContext",
         # a paused or cancelled message is turned away before the ledger marks it running
         "jobs.middleware.control.Control",
-        # after Retries has failed or re-enqueued a message, the ledger records it
+        # after Retries has failed or re-enqueued a message, metrics and ledger record it
+        "jobs.middleware.metrics.Metrics",
         "jobs.middleware.ledger.Ledger",
         "jobs.middleware.retries.Retries",
         # periodiq's option check (periodic=, catch_up=) and stale-tick skipping
@@ -265,18 +276,38 @@ if not DEBUG:
     SECURE_HSTS_PRELOAD = True
     CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
+# --- Metrics -------------------------------------------------------------------
+
+# /metrics: loopback only in DEBUG; otherwise a bearer token or an allowlist.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
+
 # --- Logging -----------------------------------------------------------------
 
 LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+# JSON lines in production, readable lines in development.
+LOG_FORMAT = env_str("LOG_FORMAT", "plain" if DEBUG else "json")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT must be 'plain' or 'json', got {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"context": {"()": "jobs.logcontext.ContextFilter"}},
     "formatters": {
         "plain": {
-            "format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: %(message)s"
+            "()": "jobs.logcontext.PlainFormatter",
+            "format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: "
+            "%(message)s",
         },
+        "json": {"()": "jobs.logcontext.JsonFormatter"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }

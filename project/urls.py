@@ -5,6 +5,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from jobs.health import healthz
+from jobs.metrics_view import metrics
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="accounts:signup", permanent=False)),
@@ -12,4 +13,5 @@ urlpatterns = [
     path("api/", include("accounts.api_urls")),
     path("admin/", admin.site.urls),
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
 ]

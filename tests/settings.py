@@ -34,6 +34,8 @@ os.environ.setdefault("JOBS_LEDGER_FLUSH_MS", "0")
 os.environ.setdefault("JOBS_PAUSE_RECHECK_MS", "100")
 TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
 os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
+# A fresh metrics directory per session, shared with worker subprocesses.
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(TEST_TMP / "prometheus")
 
 from project.settings import *  # noqa: E402,F403
 

@@ -92,8 +92,9 @@ def start_worker(
 ) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(**options: int) -> WorkerProcess:
-        worker = WorkerProcess(worker_env, tmp_path / f"worker-{len(started)}.log", **options)
+    def start(env: dict[str, str] | None = None, **options: int) -> WorkerProcess:
+        log = tmp_path / f"worker-{len(started)}.log"
+        worker = WorkerProcess({**worker_env, **(env or {})}, log, **options)
         started.append(worker)
         return worker
 
@@ -146,3 +147,70 @@ def screenshot(page: Any, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class WebProcess:
+    """gunicorn serving the project on a free loopback port."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "project.wsgi", "--workers", "1"],
+            cwd=ROOT,
+            env={**env, "GUNICORN_BIND": f"127.0.0.1:{self.port}"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.wait_until_up()
+
+    def wait_until_up(self, timeout: float = 20) -> None:
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/accounts/signup/", timeout=2)
+                return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if self.process.poll() is not None:
+                    raise AssertionError(self.log_path.read_text()) from None
+                time.sleep(0.1)
+        raise AssertionError(f"gunicorn did not start:\n{self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture
+def start_web(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., WebProcess]]:
+    started: list[WebProcess] = []
+
+    def start(**env: str) -> WebProcess:
+        web = WebProcess({**worker_env, **env}, tmp_path / f"web-{len(started)}.log")
+        started.append(web)
+        return web
+
+    yield start
+    for web in started:
+        web.stop()
