@@ -17,6 +17,7 @@ from django.template.loader import render_to_string
 from jobs import metrics
 from jobs.errors import PermanentJobError
 from jobs.idempotency import run_once
+from jobs.outbox import send_on_commit
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
@@ -43,9 +44,9 @@ def user_register(*, username: str, email: str, password: str) -> AbstractBaseUs
         with transaction.atomic():
             user = User.objects.create_user(username=username, email=email, password=password)
             user_id = user.pk
-            # robust: a broker hiccup at this point must not turn a committed
-            # signup into a 500; the error is logged with the user id.
-            transaction.on_commit(lambda: send_welcome_email.send(user_id), robust=True)
+            # Written with the user: if the broker is down at commit, the outbox
+            # relay publishes it later; a rollback leaves nothing behind.
+            send_on_commit(send_welcome_email, user_id)
             transaction.on_commit(metrics.SIGNUPS.inc)
     except IntegrityError as exc:
         field = "email" if "email" in str(exc).lower() else "username"

@@ -7,7 +7,6 @@ from django.conf import settings
 
 from accounts import selectors  # noqa: F401 - registers the cache loaders for warm-up jobs
 from accounts.services import welcome_email_send
-from jobs.errors import PermanentJobError
 from jobs.ratelimits import rate_limited
 
 
@@ -19,7 +18,6 @@ def _welcome_email_rate() -> int:
 # The mail provider's rate: over it the job is delayed and retried, never failed.
 @rate_limited("welcome-email", limit=_welcome_email_rate)
 def send_welcome_email(user_id: int) -> None:
-    # JSON payloads can carry anything: reject a wrong type before touching data.
-    if type(user_id) is not int:
-        raise PermanentJobError(f"user_id must be an integer, got {user_id!r}")
+    # The Payloads middleware has checked user_id against the annotation: a
+    # payload that is not an int failed permanently before reaching here.
     welcome_email_send(user_id=user_id)

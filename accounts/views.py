@@ -33,7 +33,8 @@ def _too_many(response: HttpResponse, verdict: Verdict) -> HttpResponse:
 
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
-    form = SignupForm(request.POST or None)
+    # Not ``request.POST or None``: an empty POST must still be validated.
+    form = SignupForm(request.POST if request.method == "POST" else None)
     if request.method == "POST":
         verdict = _rate_limited(request, request.POST.get("email"))
         if not verdict.allowed:
@@ -82,6 +83,19 @@ def _parse_json_object(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     return payload
 
 
+def _string_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a text field, or None when it can."""
+    if not isinstance(value, str):
+        return "Must be a string."
+    try:
+        # JSON's \ud800 escapes decode to lone surrogates, which no database
+        # (nor UTF-8) can store: refuse them here as a field error.
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "Contains characters that are not valid text."
+    return None
+
+
 @csrf_exempt  # a JSON API for non-browser clients: no cookie session to ride on
 @require_POST
 def api_signup(request: HttpRequest) -> HttpResponse:
@@ -92,13 +106,13 @@ def api_signup(request: HttpRequest) -> HttpResponse:
     if not verdict.allowed:
         errors = {"__all__": ["Too many signups. Try again later."]}
         return _too_many(JsonResponse({"errors": errors}), verdict)
-    type_errors = {
-        field: ["Must be a string."]
+    field_errors = {
+        field: [problem]
         for field in API_FIELDS
-        if field in payload and not isinstance(payload[field], str)
+        if field in payload and (problem := _string_problem(payload[field]))
     }
-    if type_errors:
-        return _bad_request(type_errors)
+    if field_errors:
+        return _bad_request(field_errors)
     form = api_form(payload)
     if not form.is_valid():
         return _bad_request(api_errors(form))

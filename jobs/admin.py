@@ -20,7 +20,7 @@ from django_dramatiq.models import Task
 from jobs import operations, queues
 from jobs.broker import redis_broker
 from jobs.dashboard import dashboard_context
-from jobs.models import DailyReport, EffectRecord, Job
+from jobs.models import DailyReport, EffectRecord, Job, JobCheckpoint
 from jobs.pagination import CheapCountPaginator
 from jobs.schedules import run_now, schedule_rows
 from jobs.scheduling import periodic_actors
@@ -171,7 +171,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="checkpoints")
     def checkpoints_pretty(self, job: Job) -> SafeString:
-        return pretty_json(job.checkpoints)
+        steps = JobCheckpoint.objects.filter(message_id=job.message_id).values_list(
+            "step", "data", "created_at"
+        )
+        return pretty_json({step: {"at": at, "data": data} for step, data, at in steps})
 
     @admin.display(description="retries")
     def retry_links(self, job: Job) -> SafeString:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
@@ -56,6 +57,34 @@ def _claim(key: str, token: str, lease: timedelta) -> bool:
         logger.warning("Took over expired claim on %s", key)
         return True
     raise EffectInProgress(f"effect {key!r} is being run by another worker")
+
+
+@contextmanager
+def once_atomic(key: str) -> Iterator[bool]:
+    """Exactly once for database effects: the key and the effect commit together.
+
+        with once_atomic(f"invoice:{order_id}") as first:
+            if first:
+                Invoice.objects.create(...)
+
+    Yields False (and the block should do nothing) when the key was used before.
+    A crash before commit rolls back both; a duplicate delivery waits on the
+    unique key, then sees it taken.
+    """
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                EffectRecord.objects.create(
+                    key=key,
+                    state=EffectRecord.State.DONE,
+                    claim_token="atomic",
+                    lease_until=timezone.now(),
+                    done_at=timezone.now(),
+                )
+        except IntegrityError:
+            yield False
+            return
+        yield True
 
 
 def run_once(key: str, effect: Callable[[], object], *, lease: timedelta = DEFAULT_LEASE) -> bool:

@@ -2,9 +2,11 @@
 
 Every Dramatiq hook becomes an ``Event``. ``record()`` writes it at once when
 ``JOBS_LEDGER_FLUSH_MS`` is 0, otherwise hands it to a per-process background
-writer that merges the events of each flush into one transaction (a no-op job
-then costs about two statements instead of six, and worker threads never wait
-on the database). Writes are ordered by ``progress``:
+writer that merges the events of each flush into one transaction. "enqueued"
+and "running" events wait for the next flush; a job's end is written before
+the worker acks the message (the worker thread waits, group-commit style,
+together with every other thread finishing at that moment), so a worker killed
+after a job ends never leaves it shown as running. Writes are ordered by ``progress``:
 
     progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
     progress = TERMINAL for succeeded, failed and skipped
@@ -20,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,49 +159,65 @@ def _write_safely(events: list[Event]) -> None:
 
 
 class BatchWriter:
-    """A background thread that flushes buffered events every ``interval`` seconds."""
+    """A background thread writing buffered events: every ``interval`` seconds, or
+    at once when a caller waits for its event to be durable (group commit: the
+    events of every waiting worker thread go out in one transaction).
+    """
+
+    DURABLE_WAIT = 5.0  # seconds; past it the job goes on and the event stays queued
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
         self.pid = os.getpid()
-        self.buffer: deque[Event] = deque()
-        self.wakeup = threading.Event()
-        self.idle = threading.Event()
-        self.idle.set()
+        self.buffer: deque[tuple[int, Event]] = deque()
+        self.condition = threading.Condition()
+        self.added = 0  # sequence number of the last event added
+        self.written = 0  # ... and of the last event whose write was attempted
+        self.urgent = False
         self.thread = threading.Thread(target=self._run, name="job-ledger-writer", daemon=True)
         self.thread.start()
 
-    def add(self, event: Event) -> None:
-        self.idle.clear()
-        self.buffer.append(event)
+    def add(self, event: Event, *, durable: bool = False) -> None:
+        with self.condition:
+            self.added += 1
+            seq = self.added
+            self.buffer.append((seq, event))
+            if not durable:
+                return
+            self.urgent = True
+            self.condition.notify_all()
+            if not self.condition.wait_for(lambda: self.written >= seq, self.DURABLE_WAIT):
+                logger.warning(
+                    "Job ledger write slower than %.0f s; not waiting", self.DURABLE_WAIT
+                )
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Write everything buffered so far; True when the buffer drained in time."""
-        deadline = time.monotonic() + timeout
-        while self.buffer or not self.idle.is_set():
-            self.wakeup.set()
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
+        """Write everything added so far; True when it was written in time."""
+        with self.condition:
+            target = self.added
+            self.urgent = True
+            self.condition.notify_all()
+            return self.condition.wait_for(lambda: self.written >= target, timeout)
 
-    def _drain(self) -> None:
-        events = []
-        while self.buffer:
-            events.append(self.buffer.popleft())
-        if events:
-            _write_safely(events)
+    def _take(self) -> tuple[int, list[Event]]:
+        with self.condition:
+            self.condition.wait_for(lambda: self.urgent, self.interval)
+            self.urgent = False
+            taken = list(self.buffer)
+            self.buffer.clear()
+        return (taken[-1][0] if taken else 0), [event for _, event in taken]
 
     def _run(self) -> None:
         while True:
-            self.wakeup.wait(self.interval)
-            self.wakeup.clear()
+            last, events = self._take()
             try:
-                self._drain()
+                if events:
+                    _write_safely(events)
             finally:
                 close_old_connections()
-                if not self.buffer:
-                    self.idle.set()
+                with self.condition:
+                    self.written = max(self.written, last)
+                    self.condition.notify_all()
 
 
 _writer: BatchWriter | None = None
@@ -218,15 +235,20 @@ def _batch_writer() -> BatchWriter:
     return _writer
 
 
-def record(event: Event) -> None:
-    """Record ``event``: now (flush interval 0) or with the next batch."""
+def record(event: Event, *, durable: bool = False) -> None:
+    """Record ``event``: now (flush interval 0) or with the next batch.
+
+    ``durable`` waits until the event's batch is written: a worker records a
+    job's end this way before it acks the message, so a worker killed right
+    after never leaves a finished job shown as running.
+    """
     if not settings.JOBS_LEDGER_ENABLED:
         return
     stats.events += 1
     if settings.JOBS_LEDGER_FLUSH_MS <= 0:
         _write_safely([event])
     else:
-        _batch_writer().add(event)
+        _batch_writer().add(event, durable=durable)
 
 
 def flush(timeout: float = 10.0) -> bool:

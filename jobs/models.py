@@ -56,7 +56,6 @@ class Job(models.Model):
         on_delete=models.DO_NOTHING,
         related_name="retries",
     )
-    checkpoints = models.JSONField(default=dict, blank=True, help_text="step -> saved data")
 
     class Meta:
         ordering = ("-id",)
@@ -146,3 +145,47 @@ class DailyReport(models.Model):
 
     def __str__(self) -> str:
         return f"Report for {self.date.isoformat()}"
+
+
+class OutboxMessage(models.Model):
+    """A message to publish, written in the transaction that asked for it.
+
+    ``jobs.outbox.send_on_commit`` inserts the row with the caller's transaction;
+    after commit it is published at once, or by the relay in the worker processes
+    once the broker is reachable again. ``claimed_until`` lets several relays run
+    without publishing one row twice.
+    """
+
+    message_id = models.CharField(max_length=36, unique=True)
+    actor_name = models.CharField(max_length=200)
+    queue_name = models.CharField(max_length=200)
+    payload = models.JSONField(help_text="the Dramatiq message, as sent")
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["sent_at", "id"], name="jobs_outbox_pending")]
+
+    def __str__(self) -> str:
+        return f"{self.actor_name} {self.message_id} ({'sent' if self.sent_at else 'pending'})"
+
+
+class JobCheckpoint(models.Model):
+    """A completed step of a job, so a retry resumes after it (``jobs.checkpoints``)."""
+
+    message_id = models.CharField(max_length=36)
+    step = models.CharField(max_length=100)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("id",)
+        constraints = [
+            models.UniqueConstraint(fields=["message_id", "step"], name="jobs_checkpoint_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} step {self.step}"

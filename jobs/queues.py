@@ -14,6 +14,7 @@ from typing import Any, cast
 import dramatiq
 
 from jobs.broker import redis_broker
+from jobs.redis_scripts import LuaScript
 
 CONTROL_PREFIX = "jobs:control"
 CANCEL_TTL_SECONDS = 8 * 86400  # longer than the broker's 7-day max delay
@@ -79,12 +80,33 @@ def cancel(message_ids: list[str]) -> None:
     pipe.execute()
 
 
-def gate(queue_name: str, message_id: str) -> tuple[bool, bool]:
-    """``(paused, cancelled)`` for a message about to run: one round trip."""
-    paused, cancelled = redis_broker().client.mget(
-        _key("paused", queue_name), _key("cancel", message_id)
+# KEYS: paused flag, cancel mark, delivery counter. ARGV: counter TTL (s).
+# Returns {paused, cancelled, delivery}; counts a delivery only if it will run.
+_GATE = LuaScript("""
+local paused = redis.call('exists', KEYS[1])
+local cancelled = redis.call('exists', KEYS[2])
+local delivery = 0
+if paused == 0 and cancelled == 0 then
+  delivery = redis.call('incr', KEYS[3])
+  redis.call('expire', KEYS[3], ARGV[1])
+end
+return {paused, cancelled, delivery}
+""")
+
+
+def gate(queue_name: str, message_id: str) -> tuple[bool, bool, int]:
+    """``(paused, cancelled, delivery)`` for a message about to run: one round trip.
+
+    ``delivery`` counts how many times the message was handed to a worker (1 on
+    the first run): more deliveries than Dramatiq's retry count means an earlier
+    worker died mid-job and the broker redelivered it.
+    """
+    paused, cancelled, delivery = _GATE(
+        redis_broker().client,
+        [_key("paused", queue_name), _key("cancel", message_id), _key("delivery", message_id)],
+        [CANCEL_TTL_SECONDS],
     )
-    return paused is not None, cancelled is not None
+    return bool(paused), bool(cancelled), int(delivery)
 
 
 def dead_letter(queue_name: str, redis_message_id: str) -> dramatiq.Message[Any] | None:

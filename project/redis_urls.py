@@ -38,6 +38,18 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit(parts._replace(path=f"/{db}"))
 
 
+def with_options(url: str, **options: object) -> str:
+    """``url`` with query options added unless the URL already sets them."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    for key, value in options.items():
+        query.setdefault(key, [str(value)])
+    encoded = urlencode(query, doseq=True)
+    if parts.scheme == "unix":
+        return f"unix://{parts.netloc}{parts.path}?{encoded}"
+    return urlunsplit(parts._replace(query=encoded))
+
+
 def split_redis_url(name: str, url: str) -> tuple[str, str]:
     """Return ``(broker_url, cache_url)`` for the URL held in variable ``name``."""
     db = _db_of(name, url)

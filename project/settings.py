@@ -16,7 +16,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from project.env import env_bool, env_int, env_list, env_rate, env_str
-from project.redis_urls import split_redis_url
+from project.redis_urls import split_redis_url, with_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -134,6 +134,18 @@ JOBS_MAX_BACKOFF_MS = env_int("JOBS_MAX_BACKOFF_MS", 3_600_000, minimum=1)
 # Default time limit of one attempt; actors may set their own ``time_limit``.
 JOBS_TIME_LIMIT_MS = env_int("JOBS_TIME_LIMIT_MS", 10 * 60_000, minimum=1)
 
+# Outbox relay (in every worker process): how often it looks for unsent rows,
+# and how long after commit a row is left to its committer. 0 turns it off.
+JOBS_OUTBOX_RELAY_INTERVAL_MS = env_int("JOBS_OUTBOX_RELAY_INTERVAL_MS", 2000, minimum=0)
+JOBS_OUTBOX_GRACE_MS = env_int("JOBS_OUTBOX_GRACE_MS", 2000, minimum=0)
+
+# Messages larger than this are refused when sent (pass ids, not data).
+JOBS_MAX_PAYLOAD_BYTES = env_int("JOBS_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=256)
+
+# A worker silent this long is presumed dead: its in-flight messages are
+# redelivered (on the broker's next maintenance; the watchdog forces one).
+JOBS_HEARTBEAT_TIMEOUT_MS = env_int("JOBS_HEARTBEAT_TIMEOUT_MS", 60_000, minimum=1000)
+
 # Job ledger: every message's state in the database (jobs.Job, shown in the admin).
 JOBS_LEDGER_ENABLED = env_bool("JOBS_LEDGER_ENABLED", True)
 # Events are written in batches by a background thread every this many ms;
@@ -187,7 +199,14 @@ WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum
 
 DRAMATIQ_BROKER = {
     "BROKER": "dramatiq.brokers.redis.RedisBroker",
-    "OPTIONS": {"url": BROKER_REDIS_URL},
+    "OPTIONS": {
+        # Fail fast when Redis is unreachable: the outbox keeps the message and a
+        # request must not hang on a dead broker.
+        "url": with_options(BROKER_REDIS_URL, socket_connect_timeout=2, socket_timeout=10),
+        # How long a worker may be silent before its unacked messages are given
+        # to other workers (Dramatiq's default is 60 s).
+        "heartbeat_timeout": JOBS_HEARTBEAT_TIMEOUT_MS,
+    },
     # Listing middleware replaces Dramatiq's defaults, so every one we rely on is
     # written out; dropping one here silently drops its behaviour. Dramatiq runs
     # before_* hooks in this order and after_* hooks in reverse, hence:
@@ -212,6 +231,10 @@ DRAMATIQ_BROKER = {
         "jobs.middleware.periodic.Periodic",
         # frees send_unique() keys once a job is finished for good
         "jobs.middleware.dedup.Dedup",
+        # publishes outbox rows that could not be sent at commit (broker down)
+        "jobs.middleware.outbox.OutboxRelay",
+        # last before the actor: arguments checked against its signature
+        "jobs.middleware.payloads.Payloads",
     ],
 }
 

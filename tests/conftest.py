@@ -82,7 +82,10 @@ class AttemptRecorder(dramatiq.Middleware):
         result: object = None,
         exception: BaseException | None = None,
     ) -> None:
-        self.attempts.append((message.message_id, self._started[message.message_id], exception))
+        # A middleware before this one may have stopped the message before our
+        # before_process_message ran (an invalid payload): count it all the same.
+        started = self._started.pop(message.message_id, time.monotonic())
+        self.attempts.append((message.message_id, started, exception))
 
 
 @pytest.fixture

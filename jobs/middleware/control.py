@@ -1,10 +1,11 @@
 """Operator control from the admin: paused queues and cancelled messages.
 
 Before a message runs, one Redis round trip asks whether its queue is paused or
-the message was cancelled. A cancelled message is skipped (acked, recorded as
-skipped). A paused queue's message is put back with a delay and the current
-delivery skipped quietly, so workers stop running that queue's jobs without
-losing them, and pick them up again once it is resumed.
+the message was cancelled, and counts the delivery (the ledger's attempt number,
+which also reveals a redelivery after a worker died). A cancelled message is
+skipped (acked, recorded as skipped). A paused queue's message is put back with
+a delay and the current delivery skipped quietly, so workers stop running that
+queue's jobs without losing them, and pick them up again once it is resumed.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Control(dramatiq.Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         queue_name = canonical_queue(message.queue_name)
         try:
-            paused, cancelled = queues.gate(queue_name, message.message_id)
+            paused, cancelled, delivery = queues.gate(queue_name, message.message_id)
         except Exception:  # Redis hiccup: run the job rather than stall the worker
             logger.warning("Could not read queue controls for %s", queue_name, exc_info=True)
             return
@@ -39,3 +40,4 @@ class Control(dramatiq.Middleware):
             broker.enqueue(requeue, delay=settings.JOBS_PAUSE_RECHECK_MS)
             message.options["paused_requeue"] = True
             raise SkipMessage("queue paused")
+        message.options["delivery"] = delivery

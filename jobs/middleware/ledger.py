@@ -40,7 +40,20 @@ def canonical_queue(queue_name: str) -> str:
 
 
 def _attempt_index(message: dramatiq.Message[Any] | MessageProxy) -> int:
-    return int(message.options.get("retries", 0))
+    """0-based index of the message's next attempt.
+
+    ``delivery`` (counted by the Control middleware as a message starts) is the
+    number of attempts so far, crashed ones included; Dramatiq's ``retries``
+    counts only failures it saw. A message without either has not run yet.
+    """
+    delivery = message.options.get("delivery")
+    return int(delivery) if delivery is not None else int(message.options.get("retries", 0))
+
+
+def _attempt_number(message: MessageProxy) -> int:
+    """1-based number of the attempt starting now."""
+    delivery = message.options.get("delivery")
+    return int(delivery) if delivery is not None else int(message.options.get("retries", 0)) + 1
 
 
 def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
@@ -105,11 +118,21 @@ class Ledger(dramatiq.Middleware):
         )
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        attempt = _attempt_index(message)
+        number = _attempt_number(message)
         started = _now()
-        self._started[message.message_id] = (time.monotonic(), started, attempt + 1)
+        self._started[message.message_id] = (time.monotonic(), started, number)
+        interrupted = None
+        if number > int(message.options.get("retries", 0)) + 1:
+            # More deliveries than failures Dramatiq saw: the previous attempt's
+            # worker died mid-job and the broker redelivered the message.
+            interrupted = {
+                "number": number - 1,
+                "finished_at": started,
+                "error_type": "WorkerLost",
+                "error_message": "the worker stopped during this attempt; message redelivered",
+            }
         update = {
-            "attempts": attempt + 1,
+            "attempts": number,
             "started_at": started,
             "worker_host": HOST,
             "worker_pid": os.getpid(),
@@ -120,9 +143,10 @@ class Ledger(dramatiq.Middleware):
             Event(
                 message.message_id,
                 states.RUNNING,
-                progress_of(attempt, PHASE_RUNNING),
+                progress_of(number - 1, PHASE_RUNNING),
                 _create_fields(broker, message),
                 update,
+                interrupted,
             )
         )
 
@@ -134,7 +158,7 @@ class Ledger(dramatiq.Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        default = (time.monotonic(), _now(), _attempt_index(message) + 1)
+        default = (time.monotonic(), _now(), _attempt_number(message))
         started_mono, started_at, number = self._started.pop(message.message_id, default)
         timing = {
             "finished_at": _now(),
@@ -142,7 +166,9 @@ class Ledger(dramatiq.Middleware):
         }
         create = _create_fields(broker, message)
         if exception is None:
-            ledger.record(Event(message.message_id, states.SUCCEEDED, TERMINAL, create, timing))
+            ledger.record(
+                Event(message.message_id, states.SUCCEEDED, TERMINAL, create, timing), durable=True
+            )
             return
         errors = _error_fields(exception)
         failure = {
@@ -161,7 +187,8 @@ class Ledger(dramatiq.Middleware):
             # next attempt); this one only notes the error on the job.
             state, progress, update = states.RUNNING, progress_of(number - 1, PHASE_RUNNING), {}
         ledger.record(
-            Event(message.message_id, state, progress, create, update, failure, annotate=errors)
+            Event(message.message_id, state, progress, create, update, failure, annotate=errors),
+            durable=True,
         )
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -176,7 +203,8 @@ class Ledger(dramatiq.Middleware):
                 TERMINAL,
                 _create_fields(broker, message),
                 {"finished_at": _now(), "skip_reason": reason},
-            )
+            ),
+            durable=True,
         )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:

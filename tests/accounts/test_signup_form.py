@@ -86,3 +86,18 @@ def test_it_refuses_a_post_without_csrf_token() -> None:
     response = client.post("/accounts/signup/", VALID)
     assert response.status_code == 403
     assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_huge_form_body_is_a_400_not_a_500(client: Client, settings) -> None:
+    huge = {**VALID, "username": "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)}
+    response = client.post("/accounts/signup/", huge)
+    assert response.status_code == 400
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_empty_post_shows_every_required_field(client: Client) -> None:
+    response = client.post("/accounts/signup/", {})
+    assert response.status_code == 200
+    assert set(response.context["form"].errors) == {"username", "email", "password1", "password2"}

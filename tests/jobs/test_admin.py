@@ -186,6 +186,44 @@ def test_non_staff_get_no_access(client: Client, failed_job: Job) -> None:
     assert not queues.queue_stats(QUEUE).paused
 
 
+@pytest.mark.parametrize(
+    ("permission", "allowed"),
+    [
+        ("retry_job", "retry_selected"),
+        ("cancel_job", "cancel_selected"),
+        ("delete_job", "delete_selected_in_batches"),
+    ],
+)
+def test_each_action_needs_its_own_permission(
+    client: Client, permission: str, allowed: str
+) -> None:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", permission]))
+    client.login(username="op", password="pw")
+
+    html = client.get(LIST).content.decode()
+
+    offered = {"retry_selected", "cancel_selected", "delete_selected_in_batches"}
+    for name in offered:
+        assert (f'value="{name}"' in html) == (name == allowed), name
+
+
+def test_pause_and_run_now_need_their_permissions(client: Client) -> None:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.login(username="op", password="pw")
+    assert client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/").status_code == 403
+    assert client.post("/admin/jobs/job/schedules/watchdog/run/").status_code == 403
+
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["pause_queue", "run_periodic"])
+    )
+    client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
+    client.post("/admin/jobs/job/schedules/watchdog/run/")
+    assert queues.queue_stats(QUEUE).paused
+    assert queues.queue_stats("periodic").waiting == 1
+
+
 def test_staff_without_permissions_cannot_act(client: Client, failed_job: Job) -> None:
     user = User.objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_job"))
