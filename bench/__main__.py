@@ -1,4 +1,8 @@
-"""``python -m bench [--quick] [--only NAME ...] [--runs N]``: starts its own redis-server."""
+"""``python -m bench [--quick] [--only NAME ...] [--runs N]``.
+
+Starts its own redis-server, a migrated SQLite database and, per scenario,
+worker and gunicorn subprocesses; everything lives in a temporary directory.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small N, for a smoke run")
     parser.add_argument("--only", action="append", metavar="NAME", help="run only NAME (repeat)")
-    parser.add_argument("--runs", type=int, default=5, help="runs per variant (median taken)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        help="runs per variant, median taken (default 5 for loops, 3 for processes)",
+    )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
 
@@ -30,16 +38,22 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     server = RedisServer(_free_port(), workdir / "redis", appendonly=False).start()
     try:
-        # The broker and the cache read REDIS_URL once, at django.setup().
+        # The broker and the cache read REDIS_URL once, at django.setup(); the
+        # worker and gunicorn subprocesses inherit all of these.
         os.environ["REDIS_URL"] = server.url
-        os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'db.sqlite3'}")
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+        os.environ["DATABASE_URL"] = f"sqlite:///{workdir / 'db.sqlite3'}"
+        os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+        os.environ["VAR_DIR"] = str(workdir / "var")
+        os.environ["DJANGO_ALLOWED_HOSTS"] = "localhost,127.0.0.1,testserver"
         os.environ.setdefault("LOG_LEVEL", "WARNING")
         import django
 
         django.setup()
-        import bench.scenarios  # noqa: F401 - registers the scenarios
-        from bench.registry import SCENARIOS, run, table
+        # Importing registers the scenarios (after set-up: they use the broker).
+        import bench.queue_scenarios
+        import bench.scenarios
+        import bench.web_scenarios  # noqa: F401
+        from bench.registry import SCENARIOS, Context, Measured, Row, result_rows, run, table
 
         if args.list:
             for item in SCENARIOS.values():
@@ -48,10 +62,22 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(args.only or []) - set(SCENARIOS)
         if unknown:
             parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        from bench.procs import migrated_database
+
+        migrated_database(workdir / "db.sqlite3")
+        process_runs = args.runs or (1 if args.quick else 3)
+        context = Context(quick=args.quick, runs=process_runs, workdir=workdir)
         chosen = [s for name, s in SCENARIOS.items() if not args.only or name in args.only]
-        results = [run(item, quick=args.quick, runs=args.runs) for item in chosen]
+        results: list[tuple[str, list[Row]]] = []
+        for item in chosen:
+            print(f"running {item.name}: {item.description}", file=sys.stderr, flush=True)
+            if isinstance(item, Measured):
+                rows = item.measure(context)
+            else:
+                rows = result_rows(run(item, quick=args.quick, runs=args.runs or 5))
+            results.append((item.name, rows))
         print(table(results))
-        return 0 if all(result.ok for result in results) else 1
+        return 0 if all(row.ok for _, rows in results for row in rows) else 1
     finally:
         server.stop()
 

@@ -6,6 +6,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 # One operation repeated n times; the runner divides n by the elapsed time.
 Loop = Callable[[int], None]
@@ -30,7 +31,36 @@ class Scenario:
     target: float | None = None  # minimum candidate/baseline ratio
 
 
-SCENARIOS: dict[str, Scenario] = {}
+@dataclass(frozen=True)
+class Row:
+    """One printed line of a measured scenario: figures already formatted."""
+
+    candidate: str
+    value: str
+    baseline: str = "-"
+    baseline_value: str = "-"
+    ratio: str = "-"
+    target: str = "-"
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A scenario that runs its own processes and reports rows (not an ops loop)."""
+
+    name: str
+    description: str
+    measure: Callable[[Context], list[Row]]
+
+
+@dataclass(frozen=True)
+class Context:
+    quick: bool
+    runs: int
+    workdir: Path
+
+
+SCENARIOS: dict[str, Scenario | Measured] = {}
 
 
 def scenario(
@@ -39,6 +69,16 @@ def scenario(
     def register(build: Callable[[], Variants]) -> Callable[[], Variants]:
         SCENARIOS[name] = Scenario(name, description, build, n, quick_n, target)
         return build
+
+    return register
+
+
+def measured(
+    name: str, description: str
+) -> Callable[[Callable[[Context], list[Row]]], Callable[[Context], list[Row]]]:
+    def register(measure: Callable[[Context], list[Row]]) -> Callable[[Context], list[Row]]:
+        SCENARIOS[name] = Measured(name, description, measure)
+        return measure
 
     return register
 
@@ -104,24 +144,39 @@ def run(item: Scenario, *, quick: bool, runs: int, chunk: int = 200) -> Result:
     )
 
 
-def table(results: list[Result]) -> str:
-    header = ["scenario", "candidate", "ops/s", "baseline", "ops/s", "ratio", "target", ""]
-    rows = [header]
-    for result in results:
-        ratio = result.ratio
-        target = result.scenario.target
-        rows.append(
-            [
-                result.scenario.name,
-                result.variants.candidate_label,
-                f"{result.candidate_ops:,.0f}",
-                result.variants.baseline_label if result.baseline_ops is not None else "-",
-                f"{result.baseline_ops:,.0f}" if result.baseline_ops is not None else "-",
-                f"{ratio:.2f}x" if ratio is not None else "-",
-                f">= {target:.2f}x" if target is not None else "-",
-                "ok" if result.ok else "BELOW TARGET",
-            ]
+def result_rows(result: Result) -> list[Row]:
+    ratio = result.ratio
+    target = result.scenario.target
+    return [
+        Row(
+            result.variants.candidate_label,
+            f"{result.candidate_ops:,.0f}/s",
+            result.variants.baseline_label if result.baseline_ops is not None else "-",
+            f"{result.baseline_ops:,.0f}/s" if result.baseline_ops is not None else "-",
+            f"{ratio:.2f}x" if ratio is not None else "-",
+            f">= {target:.2f}x" if target is not None else "-",
+            result.ok,
         )
+    ]
+
+
+def table(results: list[tuple[str, list[Row]]]) -> str:
+    header = ["scenario", "candidate", "value", "baseline", "value", "ratio", "target", ""]
+    rows = [header]
+    for name, printed in results:
+        for line in printed:
+            rows.append(
+                [
+                    name,
+                    line.candidate,
+                    line.value,
+                    line.baseline,
+                    line.baseline_value,
+                    line.ratio,
+                    line.target,
+                    "ok" if line.ok else "BELOW TARGET",
+                ]
+            )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     numeric = {2, 4, 5}
     lines = []

@@ -2,16 +2,16 @@
 
 Every Dramatiq hook becomes an ``Event``. ``record()`` writes it at once when
 ``JOBS_LEDGER_FLUSH_MS`` is 0, otherwise hands it to a per-process background
-writer that merges the events of each flush into one transaction. "enqueued"
-and "running" events wait for the next flush; a job's end is written before
-the worker acks the message (the worker thread waits, group-commit style,
-together with every other thread finishing at that moment), so a worker killed
-after a job ends never leaves it shown as running. Writes are ordered by ``progress``:
+writer that merges the events of each flush into one transaction. A failure or
+skip is written before the worker acks the message (the worker thread waits,
+group-commit style, with every other thread finishing then); a success is not
+waited for: if the worker dies before its batch is written, the watchdog sees
+the message acked in Redis and records the success. Writes are ordered by ``progress``:
 
     progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
     progress = TERMINAL for succeeded, failed and skipped
 
-and applied by a conditional UPDATE (``progress < new``), so events may arrive
+and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
 backwards. A failing write is logged and counted, never raised: the ledger must
 not break the job it records.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
 
 from jobs import metrics
 
@@ -99,13 +99,46 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
     return list(merged.values()), failures
 
 
-def _apply(event: Event) -> int:
+def _upsert(events: list[Event]) -> None:
+    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` per event shape.
+
+    The conditional upsert is what keeps the ledger forward-only and race-free
+    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
+    is inserted whole, an existing one only moves forward. Events are grouped by
+    the columns they update so each group is one ``executemany``.
+    """
     from jobs.models import Job
 
-    stats.statements += 1
-    return Job.objects.filter(message_id=event.message_id, progress__lt=event.progress).update(
-        state=event.state, progress=event.progress, **event.update
-    )
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
+    placeholders = ", ".join(["%s"] * len(fields))
+    groups: dict[tuple[str, ...], list[Event]] = {}
+    for event in events:
+        groups.setdefault(tuple(sorted(event.update)), []).append(event)
+    with connection.cursor() as cursor:
+        for updated, group in groups.items():
+            assignments = ", ".join(
+                f"{quote(name)} = excluded.{quote(name)}"
+                for name in ("state", "progress", *updated)
+            )
+            sql = (
+                f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
+                f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {assignments} "
+                f"WHERE {table}.{quote('progress')} < excluded.{quote('progress')}"
+            )
+            rows = []
+            for event in group:
+                values = {f.attname: f.get_default() for f in fields}
+                values.update(event.create)
+                values.update(event.update)
+                values.update(
+                    message_id=event.message_id, state=event.state, progress=event.progress
+                )
+                rows.append([f.get_db_prep_save(values[f.attname], connection) for f in fields])
+            cursor.executemany(sql, rows)
+            stats.statements += 1
 
 
 def write(events: list[Event]) -> None:
@@ -115,26 +148,7 @@ def write(events: list[Event]) -> None:
 
     merged, failures = _merge(events)
     with transaction.atomic():
-        missing = [event for event in merged if not _apply(event)]
-        if missing:
-            # Rows not there yet (or already further along). Insert-or-ignore,
-            # then re-apply: another process may have inserted the row with a
-            # lower progress between our UPDATE and our INSERT.
-            stats.statements += 1
-            Job.objects.bulk_create(
-                [
-                    Job(
-                        message_id=e.message_id,
-                        state=e.state,
-                        progress=e.progress,
-                        **{**e.create, **e.update},
-                    )
-                    for e in missing
-                ],
-                ignore_conflicts=True,
-            )
-            for event in missing:
-                _apply(event)
+        _upsert(merged)
         for event in merged:
             if event.annotate and event.progress < TERMINAL:
                 stats.statements += 1

@@ -109,6 +109,20 @@ def gate(queue_name: str, message_id: str) -> tuple[bool, bool, int]:
     return bool(paused), bool(cancelled), int(delivery)
 
 
+def locate(queue_name: str, redis_message_id: str) -> str:
+    """Where a delivered message is now: "pending" (waiting, delayed or in a
+    worker's hands), "dead" (dead-lettered) or "gone" (acked: it finished)."""
+    broker = redis_broker()
+    base = f"{broker.namespace}:{queue_name}"
+    pipe = broker.client.pipeline(transaction=False)
+    for name in (f"{base}.msgs", f"{base}.DQ.msgs", f"{base}.XQ.msgs"):
+        pipe.hexists(name, redis_message_id)
+    waiting, delayed, dead = pipe.execute()
+    if waiting or delayed:
+        return "pending"
+    return "dead" if dead else "gone"
+
+
 def dead_letter(queue_name: str, redis_message_id: str) -> dramatiq.Message[Any] | None:
     """The full dead-lettered message (unredacted arguments), while Redis keeps it."""
     broker = redis_broker()

@@ -61,30 +61,69 @@ def _worker_alive(job: Job) -> bool | None:
     return True
 
 
-def reconcile_stalled_jobs() -> list[Finding]:
-    """Running longer than time limit + grace with the worker gone: requeue via the broker."""
-    now = timezone.now()
-    grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
-    findings = []
-    candidates = Job.objects.filter(state=states.RUNNING, started_at__lt=now - grace)
-    for job in candidates.only(
-        "message_id", "actor_name", "options", "started_at", "worker_host", "worker_pid", "attempts"
-    ):
-        assert job.started_at is not None
-        limit = timedelta(milliseconds=_time_limit_ms(job))
-        if job.started_at > now - limit - grace or _worker_alive(job) is True:
-            continue
-        # Dramatiq redelivers the message once the dead worker's heartbeat is
-        # old enough and maintenance runs; force maintenance so it is now, and
-        # show the job as waiting again instead of a ghost "running".
-        note = f"worker {job.worker_host}:{job.worker_pid} gone while running; requeued"
-        moved = Job.objects.filter(message_id=job.message_id, state=states.RUNNING).update(
+def _reconcile(job: Job) -> str | None:
+    """Bring one ghost "running" job in line with the broker; return what was done."""
+    where = (
+        queues.locate(job.queue_name, job.redis_message_id) if job.redis_message_id else "pending"
+    )
+    worker = f"worker {job.worker_host}:{job.worker_pid}"
+    running = Job.objects.filter(message_id=job.message_id, state=states.RUNNING)
+    if where == "pending":
+        # Dramatiq redelivers it once the dead worker's heartbeat is old enough and
+        # maintenance runs (forced by the caller): show it as waiting again.
+        note = f"{worker} gone while running; redelivering"
+        moved = running.update(
             state=states.ENQUEUED,
             progress=progress_of(max(job.attempts - 1, 0), PHASE_ENQUEUED),
             error_type="WorkerLost",
             error_message=note,
         )
-        if moved:
+    elif where == "dead":
+        note = f"{worker} gone; the broker dead-lettered the message"
+        moved = running.update(
+            state=states.FAILED, progress=TERMINAL, error_type="WorkerLost", error_message=note
+        )
+    else:
+        # Acked: it finished, but the worker died before its ledger batch was
+        # written (successes are not waited for, for throughput).
+        note = f"{worker} finished it and was gone before recording it"
+        moved = running.update(
+            state=states.SUCCEEDED,
+            progress=TERMINAL,
+            finished_at=timezone.now(),
+            error_message=note,
+        )
+    return note if moved else None
+
+
+def reconcile_stalled_jobs() -> list[Finding]:
+    """Ledger jobs "running" on a dead worker: requeued, failed or succeeded per the broker.
+
+    A worker on this host is known dead when its pid is gone; elsewhere it is
+    presumed dead once the job outran its time limit plus ``WATCHDOG_GRACE_S``.
+    """
+    now = timezone.now()
+    grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
+    findings = []
+    candidates = Job.objects.filter(state=states.RUNNING, started_at__lt=now - grace)
+    for job in candidates.only(
+        "message_id",
+        "actor_name",
+        "queue_name",
+        "options",
+        "started_at",
+        "worker_host",
+        "worker_pid",
+        "attempts",
+        "redis_message_id",
+    ):
+        assert job.started_at is not None
+        alive = _worker_alive(job)
+        limit = timedelta(milliseconds=_time_limit_ms(job))
+        if alive is True or (alive is None and job.started_at > now - limit - grace):
+            continue
+        note = _reconcile(job)
+        if note:
             findings.append(
                 Finding("stalled_job", job.message_id, {"actor": job.actor_name, "note": note})
             )

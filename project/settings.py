@@ -142,6 +142,10 @@ JOBS_OUTBOX_GRACE_MS = env_int("JOBS_OUTBOX_GRACE_MS", 2000, minimum=0)
 # Messages larger than this are refused when sent (pass ids, not data).
 JOBS_MAX_PAYLOAD_BYTES = env_int("JOBS_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=256)
 
+# Idle workers start a new job within milliseconds (the producer pushes a
+# wake-up token an idle consumer waits on); off = Dramatiq's polling with backoff.
+JOBS_INSTANT_WAKEUP = env_bool("JOBS_INSTANT_WAKEUP", True)
+
 # A worker silent this long is presumed dead: its in-flight messages are
 # redelivered (on the broker's next maintenance; the watchdog forces one).
 JOBS_HEARTBEAT_TIMEOUT_MS = env_int("JOBS_HEARTBEAT_TIMEOUT_MS", 60_000, minimum=1000)
@@ -198,8 +202,10 @@ WATCHDOG_QUEUE_STALL_MINUTES = env_int("WATCHDOG_QUEUE_STALL_MINUTES", 5, minimu
 WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum=1)
 
 DRAMATIQ_BROKER = {
-    "BROKER": "dramatiq.brokers.redis.RedisBroker",
+    # Dramatiq's RedisBroker plus instant wake-up of idle workers (jobs/brokers.py).
+    "BROKER": "jobs.brokers.WakeupRedisBroker",
     "OPTIONS": {
+        "instant_wakeup": JOBS_INSTANT_WAKEUP,
         # Fail fast when Redis is unreachable: the outbox keeps the message and a
         # request must not hang on a dead broker.
         "url": with_options(BROKER_REDIS_URL, socket_connect_timeout=2, socket_timeout=10),

@@ -20,6 +20,7 @@ from dramatiq.brokers.redis import RedisBroker
 from jobs import ledger, queues
 from jobs.models import EffectRecord, Job, JobAttempt
 from jobs.tasks import demo_pipeline
+from jobs.watchdog import reconcile_stalled_jobs
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 
@@ -50,7 +51,9 @@ def effects(prefix: str) -> int:
     return EffectRecord.objects.filter(key__startswith=prefix).count()
 
 
-def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(start_worker: Any) -> None:
+def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(
+    start_worker: Any, settings: Any
+) -> None:
     rng = random.Random(7)
     messages = [demo_pipeline.send(f"kill-{n}", steps=3, step_ms=25) for n in range(200)]
     kills = 0
@@ -69,6 +72,10 @@ def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(start_work
     )
     assert worker.terminate() == 0
     ledger.flush()
+    # What the watchdog does each minute: ghosts of killed workers are reconciled
+    # with the broker (a success whose ledger batch died with its worker).
+    settings.WATCHDOG_GRACE_S = 0
+    reconciled = len(reconcile_stalled_jobs())
     lost = 200 - effects("demo-pipeline:kill-")
     duplicates = EffectRecord.objects.filter(key__startswith="demo-pipeline:kill-").count() - 200
     ids = [m.message_id for m in messages]
@@ -76,7 +83,7 @@ def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(start_work
     states = set(Job.objects.filter(message_id__in=ids).values_list("state", flat=True))
     print(
         f"\nkill -9: 200 jobs, {kills} kills, lost={lost}, duplicates={duplicates}, "
-        f"interrupted attempts recorded={interrupted}"
+        f"interrupted attempts recorded={interrupted}, reconciled by the watchdog={reconciled}"
     )
     assert kills >= 3
     assert (lost, duplicates) == (0, 0)

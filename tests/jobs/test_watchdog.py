@@ -109,3 +109,29 @@ def test_the_schedules_page_and_run_now_are_for_staff_with_permission(client: Cl
     client.post("/admin/jobs/job/schedules/daily_report/run/")
     client.post("/admin/jobs/job/schedules/daily_report/run/")  # a double click
     assert [m.actor_name for m in queued_messages("periodic")] == ["daily_report"]
+
+
+def test_a_ghost_whose_message_was_acked_is_recorded_as_succeeded(settings) -> None:
+    settings.WATCHDOG_GRACE_S = 0
+    ghost = running_job("finished-ghost", pid=dead_pid(), minutes_ago=1)
+    Job.objects.filter(pk=ghost.pk).update(redis_message_id="not-in-redis-any-more")
+
+    run_watchdog()
+
+    ghost.refresh_from_db()
+    assert ghost.state == "succeeded"
+    assert "gone before recording it" in ghost.error_message
+
+
+def test_a_ghost_whose_message_was_dead_lettered_is_recorded_as_failed(settings) -> None:
+    from jobs.broker import redis_broker
+
+    settings.WATCHDOG_GRACE_S = 0
+    ghost = running_job("dead-ghost", pid=dead_pid(), minutes_ago=1)
+    Job.objects.filter(pk=ghost.pk).update(redis_message_id="rid-1")
+    redis_broker().client.hset("dramatiq:emails.XQ.msgs", "rid-1", b"{}")
+
+    run_watchdog()
+
+    ghost.refresh_from_db()
+    assert (ghost.state, ghost.error_type) == ("failed", "WorkerLost")

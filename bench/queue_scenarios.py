@@ -1,0 +1,291 @@
+"""Queue scenarios: worker throughput, idle latency and enqueue rate against raw Dramatiq.
+
+Workers are real ``dramatiq`` processes (bench.worker_app) draining a queue
+filled beforehand; throughput counts from the first acknowledged job to the
+moment the queue is empty *and*, for the ledger variants, every job is recorded
+as finished in the database (a ledger that lags behind is not free).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import dramatiq
+from django.conf import settings
+
+from bench import procs
+from bench.registry import Context, Row, Variants, measured, scenario
+from jobs.broker import redis_broker
+from jobs.brokers import WakeupRedisBroker
+
+
+@dataclass(frozen=True)
+class Stack:
+    label: str
+    env: dict[str, str]
+    done_sql: str | None = None  # counts finished jobs in the database
+    stats: list[dict[str, int]] = field(default_factory=list, compare=False)
+
+
+LEDGER_DONE = "select count(*) from jobs_job where state = 'succeeded'"
+ADMIN_DONE = "select count(*) from django_dramatiq_task where status = 'done'"
+
+STACKS = {
+    "raw": Stack("raw dramatiq", {"BENCH_STACK": "raw"}),
+    "ours": Stack("full stack", {"BENCH_STACK": "django"}, LEDGER_DONE),
+    "ledger-off": Stack("ledger off", {"BENCH_STACK": "django", "JOBS_LEDGER_ENABLED": "0"}),
+    "admin-mw": Stack(
+        "django-dramatiq admin",
+        {"BENCH_STACK": "django", "JOBS_LEDGER_ENABLED": "0", "BENCH_ADMIN_MIDDLEWARE": "1"},
+        ADMIN_DONE,
+    ),
+    "wake-off": Stack("full, wake-up off", {"BENCH_STACK": "django", "JOBS_INSTANT_WAKEUP": "0"}),
+}
+
+
+def _stock_broker() -> WakeupRedisBroker:
+    # instant_wakeup=False sends exactly what dramatiq's RedisBroker sends.
+    return WakeupRedisBroker(url=settings.BROKER_REDIS_URL, instant_wakeup=False)
+
+
+def _drain_rate(
+    stack: Stack, *, n: int, processes: int, context: Context, template: Path, run: int
+) -> float:
+    broker = _stock_broker()
+    broker.client.flushdb()
+    tag = f"{stack.label}-{processes}-{run}".replace(" ", "_").replace(",", "")
+    database = context.workdir / f"throughput-{tag}.sqlite3"
+    stats_dir = context.workdir / f"stats-{tag}"
+    stats_dir.mkdir()
+    env = procs.base_env(
+        DATABASE_URL=procs.copy_database(template, database),
+        BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
+        BENCH_STATS_DIR=str(stats_dir),
+        **stack.env,
+    )
+    procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
+    msgs_key = f"{broker.namespace}:bench.msgs"
+    first = end = None
+    with procs.workers(processes=processes, threads=8, env=env, log=context.workdir / "w.log"):
+        deadline = time.monotonic() + 60 + n / 100
+        while time.monotonic() < deadline:
+            left = int(broker.client.hlen(msgs_key))
+            now = time.perf_counter()
+            if first is None and left < n:
+                first, start_left = now, left
+            if left == 0:
+                end = now
+                break
+            time.sleep(0.005)
+        if end is None or first is None:
+            raise RuntimeError(f"{stack.label}: queue not drained in time")
+        if stack.done_sql:
+            end = _wait_recorded(database, stack.done_sql, n, deadline)
+    stack.stats.extend(json.loads(p.read_text()) for p in stats_dir.glob("*.json"))
+    # Jobs finished after the first one was seen, over the time they took.
+    return start_left / (end - first)
+
+
+def _wait_recorded(database: Path, sql: str, n: int, deadline: float) -> float:
+    db = sqlite3.connect(database, timeout=30)
+    try:
+        while time.monotonic() < deadline:
+            if db.execute(sql).fetchone()[0] >= n:
+                return time.perf_counter()
+            time.sleep(0.02)
+    finally:
+        db.close()
+    raise RuntimeError(f"the database never recorded {n} finished jobs")
+
+
+def _ratio_row(
+    candidate: str, value: float, baseline: str, base: float, target: float | None
+) -> Row:
+    ratio = value / base
+    return Row(
+        candidate,
+        f"{value:,.0f} jobs/s",
+        baseline,
+        f"{base:,.0f} jobs/s",
+        f"{ratio:.2f}x",
+        f">= {target:.2f}x" if target else "-",
+        target is None or ratio >= target,
+    )
+
+
+@measured("throughput", "no-op jobs drained by dramatiq worker processes (8 threads each)")
+def throughput(context: Context) -> list[Row]:
+    n = 1_000 if context.quick else 20_000
+    template = procs.template_database(context.workdir)
+    names = ["raw", "ours", "ledger-off", "admin-mw", "wake-off"]
+    stacks = {
+        name: Stack(STACKS[name].label, STACKS[name].env, STACKS[name].done_sql) for name in names
+    }
+    rows: list[Row] = []
+    for processes in (1,) if context.quick else (1, 2):
+        rates: dict[str, list[float]] = {name: [] for name in names}
+        for run in range(context.runs):
+            for name in names:  # interleaved, so drift hits every variant alike
+                rates[name].append(
+                    _drain_rate(
+                        stacks[name],
+                        n=n,
+                        processes=processes,
+                        context=context,
+                        template=template,
+                        run=run,
+                    )
+                )
+        med = {name: statistics.median(values) for name, values in rates.items()}
+        p = f"{processes}x8"
+        rows += [
+            _ratio_row(f"full stack {p}", med["ours"], "raw dramatiq", med["raw"], 0.8),
+            _ratio_row(f"ledger on {p}", med["ours"], "ledger off", med["ledger-off"], 0.8),
+            _ratio_row(
+                f"dj-dramatiq admin {p}", med["admin-mw"], "ledger off", med["ledger-off"], None
+            ),
+            _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], 0.9),
+        ]
+    for name in ("ours", "admin-mw"):
+        stats = stacks[name].stats
+        jobs = n * context.runs * (1 if context.quick else 2)
+        statements = sum(s["statements"] for s in stats) / jobs
+        writes = sum(s.get("ledger_writes", 0) for s in stats)
+        note = f"{statements:.2f} SQL/job" + (f", {jobs / writes:.0f} jobs/txn" if writes else "")
+        rows.append(Row(f"db cost: {stacks[name].label}", note))
+    return rows
+
+
+def _latencies(
+    producer: WakeupRedisBroker | dramatiq.Broker,
+    env: dict[str, str],
+    *,
+    count: int,
+    context: Context,
+) -> list[float]:
+    client = _stock_broker().client
+    client.delete(procs.STARTED_KEY)
+    send = _sender(producer)
+    latencies = []
+    with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
+        send(time.time())  # a first job shows the worker is up
+        if client.blpop([procs.STARTED_KEY], timeout=30) is None:
+            raise RuntimeError("the bench worker did not start within 30 s")
+        time.sleep(1.0)  # idle: the stock consumer has backed off to its timeout
+        for _ in range(count):
+            # Random gaps meet the stock consumer at any point of its backoff.
+            time.sleep(random.uniform(0.02, 0.3))
+            send(time.time())
+            popped = client.blpop([procs.STARTED_KEY], timeout=10)
+            if popped is None:
+                raise RuntimeError("latency probe job did not start within 10 s")
+            sent_at, started = json.loads(popped[1])
+            latencies.append((started - sent_at) * 1000)
+    return latencies
+
+
+def _sender(broker: dramatiq.Broker) -> Callable[[float], Any]:
+    try:
+        actor = broker.get_actor("noop")
+    except dramatiq.errors.ActorNotFound:
+        actor = dramatiq.actor(broker=broker, actor_name="noop", queue_name="bench")(_noop)
+    return lambda sent_at: actor.send(sent_at) if sent_at else actor.send()
+
+
+def _noop(sent_at: float = 0.0) -> None:
+    """Producer-side stand-in for bench.worker_app.noop (only its name matters)."""
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+@measured("idle-latency", "enqueue -> actor start, one job at a time, idle 1x8 worker")
+def idle_latency(context: Context) -> list[Row]:
+    count = 15 if context.quick else 200
+    url = settings.BROKER_REDIS_URL
+    raw = procs.base_env(BENCH_STACK="raw", BENCH_REDIS_URL=url)
+    variants = [
+        ("raw, wake-up", WakeupRedisBroker(url=url), {**raw, "BENCH_BROKER": "wakeup"}),
+        ("full stack, wake-up", dramatiq.get_broker(), procs.base_env(BENCH_STACK="django")),
+        ("raw dramatiq", _stock_broker(), raw),
+    ]
+    measured_ms = {
+        label: _latencies(b, env, count=count, context=context) for label, b, env in variants
+    }
+    base = measured_ms["raw dramatiq"]
+    base_text = f"p50 {_percentile(base, 0.5):.1f} / p99 {_percentile(base, 0.99):.1f} ms"
+    rows = []
+    for label, _, _ in variants[:2]:
+        values = measured_ms[label]
+        p50, p99 = _percentile(values, 0.5), _percentile(values, 0.99)
+        rows.append(
+            Row(
+                label,
+                f"p50 {p50:.1f} / p99 {p99:.1f} ms",
+                "raw dramatiq",
+                base_text,
+                f"{_percentile(base, 0.5) / p50:.0f}x faster",
+                "p50 <= 5, p99 <= 20 ms",
+                p50 <= 5 and p99 <= 20,
+            )
+        )
+    return rows
+
+
+@scenario(
+    "enqueue",
+    "actor.send(): full stack (wake-up token, ledger event) vs raw dramatiq RedisBroker",
+    n=5_000,
+    quick_n=500,
+    target=0.8,
+)
+def enqueue_single() -> Variants:
+    ours = _sender(dramatiq.get_broker())
+    raw = _sender(_stock_broker())
+
+    def candidate(n: int) -> None:
+        for _ in range(n):
+            ours(0.0)
+
+    def baseline(n: int) -> None:
+        for _ in range(n):
+            raw(0.0)
+
+    return Variants(candidate, baseline, "full stack", "raw dramatiq", teardown=_flush_broker)
+
+
+@scenario(
+    "enqueue-bulk",
+    "pipelined enqueue, 500 messages per round trip: with wake-up tokens vs stock dispatch",
+    n=20_000,
+    quick_n=2_000,
+    target=0.8,
+)
+def enqueue_bulk() -> Variants:
+    wake = WakeupRedisBroker(url=settings.BROKER_REDIS_URL)
+    stock = _stock_broker()
+
+    def candidate(n: int) -> None:
+        procs.enqueue_pipelined(wake, (procs.bench_message() for _ in range(n)))
+
+    def baseline(n: int) -> None:
+        procs.enqueue_pipelined(stock, (procs.bench_message() for _ in range(n)))
+
+    return Variants(candidate, baseline, "wake-up broker", "stock dispatch", teardown=_flush_broker)
+
+
+def _flush_broker() -> None:
+    from jobs import ledger
+
+    ledger.flush()
+    redis_broker().client.flushdb()

@@ -1,0 +1,141 @@
+"""A RedisBroker whose idle workers wake up the moment a message is enqueued.
+
+Dramatiq's Redis consumer polls: when its queue is empty it sleeps with a
+growing backoff up to the worker timeout (1 s by default), so a job enqueued to
+an idle worker waits ~150 ms at the median and up to the timeout. Here the
+producer also pushes a wake-up token onto ``<ns>:<queue>.wake`` in the same
+round trip as the enqueue, and an idle consumer waits on that list with
+``BLPOP`` for the time it would have slept. Nothing else changes: messages,
+acks, heartbeats and maintenance (requeue of a dead worker's messages) all
+still go through Dramatiq's ``dispatch`` script at the same cadence, so the
+delivery guarantees are Dramatiq's own.
+
+Why no wake-up can be lost: the token is pushed after the message, and a
+consumer only waits after a fetch that found nothing, so a message enqueued
+after that fetch leaves a token behind that ends the wait. Tokens left over
+while every worker was busy are harmless (a spurious wake-up costs one empty
+fetch); the list is trimmed and expires, so it cannot grow without bound.
+
+``DRAMATIQ_BROKER["OPTIONS"]["instant_wakeup"] = False`` restores the stock
+broker's behaviour exactly (no tokens, sleep instead of BLPOP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
+from dramatiq.common import compute_backoff, current_millis
+from dramatiq.errors import ConnectionClosed
+
+# More tokens than idle consumers of one queue are never useful: each wakes one
+# consumer, and a woken consumer fetches up to its prefetch.
+WAKE_LIST_MAX = 64
+# Tokens only matter to consumers waiting now; stale ones vanish with the key.
+WAKE_LIST_TTL_MS = 60_000
+
+
+def wake_key(namespace: str, queue_name: str) -> str:
+    return f"{namespace}:{queue_name}.wake"
+
+
+class WakeupRedisBroker(RedisBroker):
+    """RedisBroker + wake-up tokens. ``instant_wakeup=False`` is the stock broker."""
+
+    def __init__(self, *, instant_wakeup: bool = True, **options: Any) -> None:
+        super().__init__(**options)  # type: ignore[no-untyped-call]
+        self.instant_wakeup = instant_wakeup
+
+    @property
+    def consumer_class(self) -> type[_RedisConsumer]:
+        return _WakeupConsumer if self.instant_wakeup else _RedisConsumer
+
+    def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
+        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip."""
+        if not self.instant_wakeup:
+            return self._dispatch("enqueue")(queue_name, redis_message_id, data)  # type: ignore[no-untyped-call]
+        script = self.scripts["dispatch"]
+        pipe = self.client.pipeline(transaction=False)
+        # EVALSHA directly: redis-py's pipelined Script objects cost an extra
+        # SCRIPT EXISTS round trip on every execute.
+        args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
+        pipe.evalsha(script.sha, 1, self.namespace, *args)
+        self._push_tokens(pipe, queue_name, 1)
+        try:
+            return pipe.execute()[0]
+        except redis.exceptions.NoScriptError:
+            # Redis restarted or flushed its scripts; the Script object reloads it.
+            # The token was pushed anyway, which at worst wakes a consumer early.
+            return script(args=args, keys=[self.namespace])
+
+    def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
+        # The argument layout of dispatch.lua, as RedisBroker._dispatch builds it.
+        return [
+            command,
+            current_millis(),
+            queue_name,
+            self.broker_id,
+            self.heartbeat_timeout,
+            self.dead_message_ttl,
+            self._should_do_maintenance(command),
+            self._max_unpack_size(),  # type: ignore[no-untyped-call]
+            *args,
+        ]
+
+    def _push_tokens(self, pipe: Any, queue_name: str, count: int) -> None:
+        key = wake_key(self.namespace, queue_name)
+        pipe.lpush(key, *([1] * min(count, WAKE_LIST_MAX)))
+        pipe.ltrim(key, 0, WAKE_LIST_MAX - 1)
+        pipe.pexpire(key, WAKE_LIST_TTL_MS)
+
+    def wake(self, queue_name: str, count: int = 1) -> None:
+        """Wake up to ``count`` idle consumers of ``queue_name``."""
+        pipe = self.client.pipeline(transaction=False)
+        self._push_tokens(pipe, queue_name, count)
+        pipe.execute()
+
+
+class _WakeupConsumer(_RedisConsumer):
+    """Waits on the wake list (BLPOP) where the stock consumer sleeps."""
+
+    broker: WakeupRedisBroker
+
+    def __init__(
+        self, broker: WakeupRedisBroker, queue_name: str, prefetch: int, timeout: int
+    ) -> None:
+        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        self.wake_key = wake_key(broker.namespace, queue_name)
+        # A BLPOP must return before the client's socket timeout, or redis-py
+        # reports a dead connection and the worker restarts its consumer.
+        socket_timeout = broker.client.connection_pool.connection_kwargs.get("socket_timeout")
+        self.max_wait_ms = int(socket_timeout * 1000 / 2) if socket_timeout else timeout
+
+    def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
+        # A stopping worker hands its prefetched messages back: tell idle peers.
+        messages = list(messages)
+        super().requeue(messages)  # type: ignore[no-untyped-call]
+        if messages:
+            self.broker.wake(self.queue_name, len(messages))
+
+    def __next__(self) -> dramatiq.MessageProxy | None:
+        stock_next: Callable[[], dramatiq.MessageProxy | None] = super().__next__
+        if self.message_cache or self.outstanding_message_count >= self.prefetch:
+            # Messages at hand, or no room for more: the stock path (a full
+            # consumer must not take a token another, idle, consumer needs).
+            return stock_next()
+        try:
+            room = self.prefetch - self.outstanding_message_count
+            self.message_cache = self.broker.do_fetch(self.queue_name, room)
+            if self.message_cache:
+                return stock_next()
+            # Same bound as the stock sleep, so an idle consumer sends Redis the
+            # same few commands a second (heartbeats and maintenance ride on them).
+            self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+            wait_ms = max(1, min(backoff_ms, self.max_wait_ms))
+            self.broker.client.blpop([self.wake_key], timeout=wait_ms / 1000)
+            return None
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
