@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from jobs import metrics
+from jobs.states import RUNNING
 
 logger = logging.getLogger(__name__)
 
@@ -117,16 +118,31 @@ def _upsert(events: list[Event]) -> None:
     groups: dict[tuple[str, ...], list[Event]] = {}
     for event in events:
         groups.setdefault(tuple(sorted(event.update)), []).append(event)
+
+    def assign(name: str) -> str:
+        column, new = f"{table}.{quote(name)}", f"excluded.{quote(name)}"
+        if name == "attempts":
+            # Each delivery that starts is one more attempt, including a
+            # redelivery after a crash, which Dramatiq's retry count misses.
+            return (
+                f"{quote(name)} = CASE WHEN {column} + 1 > {new} THEN {column} + 1 ELSE {new} END"
+            )
+        return f"{quote(name)} = {new}"
+
+    progress, state, started = (f"{table}.{quote(c)}" for c in ("progress", "state", "started_at"))
+    # Forward only; or the same attempt started again elsewhere (a redelivery).
+    new_progress, new_started = f"excluded.{quote('progress')}", f"excluded.{quote('started_at')}"
+    condition = (
+        f"{progress} < {new_progress} OR ({state} = '{RUNNING}' AND "
+        f"{progress} = {new_progress} AND {started} <> {new_started})"
+    )
     with connection.cursor() as cursor:
         for updated, group in groups.items():
-            assignments = ", ".join(
-                f"{quote(name)} = excluded.{quote(name)}"
-                for name in ("state", "progress", *updated)
-            )
+            assignments = ", ".join(assign(name) for name in ("state", "progress", *updated))
             sql = (
                 f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
                 f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {assignments} "
-                f"WHERE {table}.{quote('progress')} < excluded.{quote('progress')}"
+                f"WHERE {condition}"
             )
             rows = []
             for event in group:
@@ -141,6 +157,43 @@ def _upsert(events: list[Event]) -> None:
             stats.statements += 1
 
 
+def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
+    """Attempts that started again without finishing: one failure row each.
+
+    An event that starts attempt *n* while the ledger shows attempt *n* running
+    since another time means the broker delivered the message again: its worker
+    died (or the message was sent twice). Only rows in state running are read.
+    """
+    from jobs.models import Job
+
+    starting = {e.message_id: e for e in merged if "started_at" in e.update}
+    if not starting:
+        return []
+    stats.statements += 1
+    rows = Job.objects.filter(message_id__in=list(starting), state=RUNNING).values(
+        "message_id", "progress", "attempts", "started_at", "worker_host", "worker_pid"
+    )
+    failures = []
+    for row in rows:
+        event = starting[row["message_id"]]
+        same_attempt = row["progress"] // 10 == int(event.update.get("attempts", 1)) - 1
+        if same_attempt and row["started_at"] != event.update["started_at"]:
+            failures.append(
+                {
+                    "job_id": row["message_id"],
+                    "number": row["attempts"],
+                    "started_at": row["started_at"],
+                    "finished_at": event.update["started_at"],
+                    "worker_host": row["worker_host"],
+                    "worker_pid": row["worker_pid"],
+                    "error_type": "WorkerLost",
+                    "error_message": "did not finish: the broker delivered the message again "
+                    "(its worker stopped, or the message was sent twice)",
+                }
+            )
+    return failures
+
+
 def write(events: list[Event]) -> None:
     """Write ``events`` in one transaction: forward-only, insert-race safe."""
     # Imported here: middleware loads this module before the app registry is ready.
@@ -148,6 +201,7 @@ def write(events: list[Event]) -> None:
 
     merged, failures = _merge(events)
     with transaction.atomic():
+        failures += _redeliveries(merged)
         _upsert(merged)
         for event in merged:
             if event.annotate and event.progress < TERMINAL:

@@ -14,7 +14,6 @@ from typing import Any, cast
 import dramatiq
 
 from jobs.broker import redis_broker
-from jobs.redis_scripts import LuaScript
 
 CONTROL_PREFIX = "jobs:control"
 CANCEL_TTL_SECONDS = 8 * 86400  # longer than the broker's 7-day max delay
@@ -47,7 +46,7 @@ def queue_stats(queue_name: str) -> QueueStats:
     pipe.hlen(f"{base}.DQ.msgs")
     pipe.zcard(f"{base}.XQ")
     pipe.lindex(base, 0)
-    pipe.exists(_key("paused", queue_name))
+    pipe.sismember(_key("paused"), queue_name)
     waiting, delayed, dead, oldest_id, paused = pipe.execute()
     age = None
     if oldest_id is not None:
@@ -63,50 +62,41 @@ def all_queue_stats() -> list[QueueStats]:
 
 
 def pause(queue_name: str) -> None:
-    redis_broker().client.set(_key("paused", queue_name), "1")
+    redis_broker().client.sadd(_key("paused"), queue_name)
 
 
 def resume(queue_name: str) -> None:
-    redis_broker().client.delete(_key("paused", queue_name))
+    redis_broker().client.srem(_key("paused"), queue_name)
 
 
 def cancel(message_ids: list[str]) -> None:
     """Mark messages so a worker skips them instead of running them."""
     if not message_ids:
         return
+    now = time.time()
     pipe = redis_broker().client.pipeline(transaction=False)
-    for message_id in message_ids:
-        pipe.set(_key("cancel", message_id), "1", ex=CANCEL_TTL_SECONDS)
+    pipe.zadd(_key("cancelled"), {message_id: now for message_id in message_ids})
+    pipe.zremrangebyscore(_key("cancelled"), "-inf", now - CANCEL_TTL_SECONDS)
     pipe.execute()
 
 
-# KEYS: paused flag, cancel mark, delivery counter. ARGV: counter TTL (s).
-# Returns {paused, cancelled, delivery}; counts a delivery only if it will run.
-_GATE = LuaScript("""
-local paused = redis.call('exists', KEYS[1])
-local cancelled = redis.call('exists', KEYS[2])
-local delivery = 0
-if paused == 0 and cancelled == 0 then
-  delivery = redis.call('incr', KEYS[3])
-  redis.call('expire', KEYS[3], ARGV[1])
-end
-return {paused, cancelled, delivery}
-""")
+@dataclass(frozen=True)
+class Controls:
+    paused: frozenset[str]
+    cancelled: frozenset[str]
 
 
-def gate(queue_name: str, message_id: str) -> tuple[bool, bool, int]:
-    """``(paused, cancelled, delivery)`` for a message about to run: one round trip.
+def controls() -> Controls:
+    """Paused queues and cancelled message ids: one round trip for a whole process.
 
-    ``delivery`` counts how many times the message was handed to a worker (1 on
-    the first run): more deliveries than Dramatiq's retry count means an earlier
-    worker died mid-job and the broker redelivered it.
+    Workers read this at most once per ``JOBS_CONTROL_REFRESH_MS`` (not per job),
+    so pausing or cancelling takes effect within that time.
     """
-    paused, cancelled, delivery = _GATE(
-        redis_broker().client,
-        [_key("paused", queue_name), _key("cancel", message_id), _key("delivery", message_id)],
-        [CANCEL_TTL_SECONDS],
-    )
-    return bool(paused), bool(cancelled), int(delivery)
+    pipe = redis_broker().client.pipeline(transaction=False)
+    pipe.smembers(_key("paused"))
+    pipe.zrangebyscore(_key("cancelled"), time.time() - CANCEL_TTL_SECONDS, "+inf")
+    paused, cancelled = pipe.execute()
+    return Controls(frozenset(q.decode() for q in paused), frozenset(m.decode() for m in cancelled))
 
 
 def locate(queue_name: str, redis_message_id: str) -> str:

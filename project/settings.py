@@ -158,6 +158,8 @@ JOBS_LEDGER_FLUSH_MS = env_int("JOBS_LEDGER_FLUSH_MS", 200, minimum=0)
 # Retention (python manage.py prunejobs; periodic once the scheduler runs).
 JOBS_KEEP_FAILED = env_int("JOBS_KEEP_FAILED", 1000, minimum=0)
 JOBS_KEEP_SUCCEEDED_DAYS = env_int("JOBS_KEEP_SUCCEEDED_DAYS", 7, minimum=0)
+# Workers re-read paused queues and cancelled jobs this often (not per job).
+JOBS_CONTROL_REFRESH_MS = env_int("JOBS_CONTROL_REFRESH_MS", 1000, minimum=0)
 # A paused queue's messages come back this often to see if it was resumed.
 JOBS_PAUSE_RECHECK_MS = env_int("JOBS_PAUSE_RECHECK_MS", 5_000, minimum=10)
 

@@ -32,6 +32,8 @@ os.environ.setdefault("SIGNUP_RATE_LIMIT", "off")
 # Ledger writes at once, so a test sees them without waiting for a batch.
 os.environ.setdefault("JOBS_LEDGER_FLUSH_MS", "0")
 os.environ.setdefault("JOBS_PAUSE_RECHECK_MS", "100")
+# Read pause/cancel state on every job, so tests need not wait for a refresh.
+os.environ.setdefault("JOBS_CONTROL_REFRESH_MS", "0")
 TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
 os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
 # A fresh metrics directory per session, shared with worker subprocesses.

@@ -1,16 +1,19 @@
 """Operator control from the admin: paused queues and cancelled messages.
 
-Before a message runs, one Redis round trip asks whether its queue is paused or
-the message was cancelled, and counts the delivery (the ledger's attempt number,
-which also reveals a redelivery after a worker died). A cancelled message is
-skipped (acked, recorded as skipped). A paused queue's message is put back with
-a delay and the current delivery skipped quietly, so workers stop running that
-queue's jobs without losing them, and pick them up again once it is resumed.
+Each worker process reads the paused queues and the recently cancelled message
+ids at most once per ``JOBS_CONTROL_REFRESH_MS`` (one Redis round trip), not
+once per job, so control costs nothing on the hot path and takes effect within
+that interval. A cancelled message is skipped (acked, recorded as skipped). A
+paused queue's message is put back with a delay and the current delivery
+skipped quietly, so workers stop running that queue's jobs without losing them,
+and pick them up again once it is resumed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 import dramatiq
@@ -25,19 +28,31 @@ logger = logging.getLogger(__name__)
 
 
 class Control(dramatiq.Middleware):
+    def __init__(self) -> None:
+        self._controls = queues.Controls(frozenset(), frozenset())
+        self._read_at = float("-inf")
+        self._mutex = threading.Lock()
+
+    def _current(self) -> queues.Controls:
+        now = time.monotonic()
+        if now - self._read_at >= settings.JOBS_CONTROL_REFRESH_MS / 1000:
+            with self._mutex:
+                if now - self._read_at >= settings.JOBS_CONTROL_REFRESH_MS / 1000:
+                    try:
+                        self._controls = queues.controls()
+                    except Exception:  # Redis hiccup: keep the last known controls
+                        logger.warning("Could not read queue controls", exc_info=True)
+                    self._read_at = now
+        return self._controls
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
-        queue_name = canonical_queue(message.queue_name)
-        try:
-            paused, cancelled, delivery = queues.gate(queue_name, message.message_id)
-        except Exception:  # Redis hiccup: run the job rather than stall the worker
-            logger.warning("Could not read queue controls for %s", queue_name, exc_info=True)
-            return
-        if cancelled:
+        controls = self._current()
+        if message.message_id in controls.cancelled:
             message.options["skip_reason"] = "cancelled"
             raise SkipMessage("cancelled")
-        if paused:
+        queue_name = canonical_queue(message.queue_name)
+        if queue_name in controls.paused:
             requeue: dramatiq.Message[Any] = message.copy(queue_name=queue_name)
             broker.enqueue(requeue, delay=settings.JOBS_PAUSE_RECHECK_MS)
             message.options["paused_requeue"] = True
             raise SkipMessage("queue paused")
-        message.options["delivery"] = delivery

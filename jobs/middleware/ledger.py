@@ -40,20 +40,16 @@ def canonical_queue(queue_name: str) -> str:
 
 
 def _attempt_index(message: dramatiq.Message[Any] | MessageProxy) -> int:
-    """0-based index of the message's next attempt.
+    """0-based index of the message's next attempt, from Dramatiq's retry count.
 
-    ``delivery`` (counted by the Control middleware as a message starts) is the
-    number of attempts so far, crashed ones included; Dramatiq's ``retries``
-    counts only failures it saw. A message without either has not run yet.
+    A redelivery after a crash has the same index; the ledger writer tells it
+    apart by its start time and counts it as one more attempt.
     """
-    delivery = message.options.get("delivery")
-    return int(delivery) if delivery is not None else int(message.options.get("retries", 0))
+    return int(message.options.get("retries", 0))
 
 
 def _attempt_number(message: MessageProxy) -> int:
-    """1-based number of the attempt starting now."""
-    delivery = message.options.get("delivery")
-    return int(delivery) if delivery is not None else int(message.options.get("retries", 0)) + 1
+    return _attempt_index(message) + 1
 
 
 def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
@@ -121,16 +117,6 @@ class Ledger(dramatiq.Middleware):
         number = _attempt_number(message)
         started = _now()
         self._started[message.message_id] = (time.monotonic(), started, number)
-        interrupted = None
-        if number > int(message.options.get("retries", 0)) + 1:
-            # More deliveries than failures Dramatiq saw: the previous attempt's
-            # worker died mid-job and the broker redelivered the message.
-            interrupted = {
-                "number": number - 1,
-                "finished_at": started,
-                "error_type": "WorkerLost",
-                "error_message": "the worker stopped during this attempt; message redelivered",
-            }
         update = {
             "attempts": number,
             "started_at": started,
@@ -146,7 +132,6 @@ class Ledger(dramatiq.Middleware):
                 progress_of(number - 1, PHASE_RUNNING),
                 _create_fields(broker, message),
                 update,
-                interrupted,
             )
         )
 

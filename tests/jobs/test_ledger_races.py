@@ -125,3 +125,41 @@ def test_processes_writing_the_same_messages_in_random_order_agree() -> None:
     # Whatever order the three processes' events landed in, each job ends at
     # its terminal event (attempts may stay 0 where "running" arrived after it).
     assert set(Job.objects.values_list("state", "duration_ms").distinct()) == {("succeeded", 1)}
+
+
+def test_a_redelivered_attempt_counts_as_another_attempt_with_the_lost_one_kept() -> None:
+    from datetime import timedelta
+
+    from jobs.models import JobAttempt
+
+    first_start = datetime.now(UTC)
+    write(
+        [
+            event(
+                "running",
+                progress_of(0, PHASE_RUNNING),
+                attempts=1,
+                started_at=first_start,
+                worker_pid=111,
+            )
+        ]
+    )
+    # The worker died; the broker delivered the same message (retries still 0) again.
+    second_start = first_start + timedelta(seconds=70)
+    write(
+        [
+            event(
+                "running",
+                progress_of(0, PHASE_RUNNING),
+                attempts=1,
+                started_at=second_start,
+                worker_pid=222,
+            )
+        ]
+    )
+    write([event("succeeded", TERMINAL)])
+
+    job = Job.objects.get(message_id="m-1")
+    assert (job.state, job.attempts, job.worker_pid) == ("succeeded", 2, 222)
+    [lost] = JobAttempt.objects.filter(job_id="m-1")
+    assert (lost.number, lost.error_type, lost.worker_pid) == (1, "WorkerLost", 111)
