@@ -115,6 +115,8 @@ def _upsert(events: list[Event]) -> None:
     table = quote(Job._meta.db_table)
     columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
     placeholders = ", ".join(["%s"] * len(fields))
+    position = {f.attname: i for i, f in enumerate(fields)}
+    prepared_defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields]
     groups: dict[tuple[str, ...], list[Event]] = {}
     for event in events:
         groups.setdefault(tuple(sorted(event.update)), []).append(event)
@@ -146,13 +148,18 @@ def _upsert(events: list[Event]) -> None:
             )
             rows = []
             for event in group:
-                values = {f.attname: f.get_default() for f in fields}
-                values.update(event.create)
-                values.update(event.update)
+                # Start from the prepared defaults and prepare only what the
+                # event sets: this loop runs for every event, in the writer thread
+                # that shares the GIL with the worker threads.
+                row = list(prepared_defaults)
+                values = {**event.create, **event.update}
                 values.update(
                     message_id=event.message_id, state=event.state, progress=event.progress
                 )
-                rows.append([f.get_db_prep_save(values[f.attname], connection) for f in fields])
+                for name, value in values.items():
+                    index = position[name]
+                    row[index] = fields[index].get_db_prep_save(value, connection)
+                rows.append(row)
             cursor.executemany(sql, rows)
             stats.statements += 1
 

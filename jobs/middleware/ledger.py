@@ -52,16 +52,20 @@ def _attempt_number(message: MessageProxy) -> int:
     return _attempt_index(message) + 1
 
 
+def _default_max_retries(broker: Broker) -> int:
+    for middleware in broker.middleware:
+        if hasattr(middleware, "max_retries"):
+            return int(middleware.max_retries)
+    return 0
+
+
 def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
     max_retries = message.options.get("max_retries")
     if max_retries is None:
-        actor = broker.get_actor(message.actor_name)
-        max_retries = actor.options.get("max_retries")
+        max_retries = broker.get_actor(message.actor_name).options.get("max_retries")
     if max_retries is None:
-        for middleware in broker.middleware:
-            if hasattr(middleware, "max_retries"):
-                max_retries = middleware.max_retries
-    return int(max_retries or 0) + 1
+        max_retries = _default_max_retries(broker)
+    return int(max_retries) + 1
 
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
@@ -90,8 +94,9 @@ class Ledger(dramatiq.Middleware):
     """Records every message's state, attempts, timings and failures."""
 
     def __init__(self) -> None:
-        # message id -> (monotonic start, wall-clock start, attempt number)
-        self._started: dict[str, tuple[float, datetime, int]] = {}
+        # message id -> (monotonic start, wall-clock start, attempt number, row fields):
+        # what after_process_message needs, computed once per delivery.
+        self._started: dict[str, tuple[float, datetime, int, dict[str, Any]]] = {}
 
     def after_enqueue(
         self, broker: Broker, message: dramatiq.Message[Any], delay: int | None
@@ -116,7 +121,8 @@ class Ledger(dramatiq.Middleware):
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         number = _attempt_number(message)
         started = _now()
-        self._started[message.message_id] = (time.monotonic(), started, number)
+        create = _create_fields(broker, message)
+        self._started[message.message_id] = (time.monotonic(), started, number, create)
         update = {
             "attempts": number,
             "started_at": started,
@@ -130,7 +136,7 @@ class Ledger(dramatiq.Middleware):
                 message.message_id,
                 states.RUNNING,
                 progress_of(number - 1, PHASE_RUNNING),
-                _create_fields(broker, message),
+                create,
                 update,
             )
         )
@@ -143,13 +149,15 @@ class Ledger(dramatiq.Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        default = (time.monotonic(), _now(), _attempt_number(message))
-        started_mono, started_at, number = self._started.pop(message.message_id, default)
+        started = self._started.pop(message.message_id, None)
+        if started is None:  # a middleware before ours stopped the message early
+            started = (time.monotonic(), _now(), _attempt_number(message), {})
+        started_mono, started_at, number, create = started
+        create = create or _create_fields(broker, message)
         timing = {
             "finished_at": _now(),
             "duration_ms": int((time.monotonic() - started_mono) * 1000),
         }
-        create = _create_fields(broker, message)
         if exception is None:
             # Not waited for: a success is the common path and throughput matters.
             # If this worker dies before the batch is written, the watchdog finds
