@@ -21,8 +21,12 @@ class CheapCountPaginator(Paginator):  # type: ignore[type-arg]
     def count(self) -> int:
         queryset: QuerySet[Any] = self.object_list  # type: ignore[assignment]
         if not queryset.query.where:
-            bounds = queryset.model._default_manager.aggregate(low=Min("pk"), high=Max("pk"))
-            if bounds["high"] is None:
+            # Two index lookups. One query with both MIN and MAX would make SQLite
+            # scan the table: it optimises a lone min() or max() only.
+            rows = queryset.model._default_manager.order_by()
+            high = rows.aggregate(high=Max("pk"))["high"]
+            if high is None:
                 return 0
-            return int(bounds["high"] - bounds["low"] + 1)
+            low = rows.aggregate(low=Min("pk"))["low"]
+            return int(high - low + 1)
         return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()

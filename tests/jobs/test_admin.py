@@ -94,6 +94,8 @@ def test_the_unfiltered_list_never_counts_the_whole_table(staff: Client, failed_
         assert staff.get(LIST).status_code == 200
     sql = [q["sql"].upper() for q in queries.captured_queries if "JOBS_JOB" in q["sql"].upper()]
     assert not [s for s in sql if "COUNT(" in s]
+    # MIN and MAX in one query make SQLite scan the table (measured: 30 ms at 300k rows).
+    assert not [s for s in sql if "MIN(" in s and "MAX(" in s]
 
     with CaptureQueriesContext(connection) as queries:
         assert staff.get(LIST, {"state": "failed"}).status_code == 200
