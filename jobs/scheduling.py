@@ -102,7 +102,7 @@ def enqueue_tick(
         scheduled_at=str(pendulum.now(settings.JOBS_SCHEDULE_TZ)), tick=tick.isoformat()
     )
     logger.info(
-        "Enqueued %s for %s tick %s (message %s)",
+        "Enqueued %s (%s) for tick %s (message %s)",
         actor.actor_name,
         reason,
         tick.isoformat(),
