@@ -201,6 +201,25 @@ def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
     return failures
 
 
+def _renumber(failures: list[dict[str, Any]]) -> None:
+    """Number failed attempts by the ledger's attempt count, not Dramatiq's.
+
+    The middleware numbers a failure ``retries + 1``; after a redelivery the
+    ledger counts one attempt more than Dramatiq does, so shift each job's
+    failures up to end at its current attempt count (else the lost attempt's row
+    and this one would share a number and one would be dropped).
+    """
+    from jobs.models import Job
+
+    ids = {f["job_id"] for f in failures}
+    attempts = dict(Job.objects.filter(message_id__in=ids).values_list("message_id", "attempts"))
+    for job_id in ids:
+        own = [f for f in failures if f["job_id"] == job_id]
+        shift = max(0, attempts.get(job_id, 0) - max(f["number"] for f in own))
+        for failure in own:
+            failure["number"] += shift
+
+
 def write(events: list[Event]) -> None:
     """Write ``events`` in one transaction: forward-only, insert-race safe."""
     # Imported here: middleware loads this module before the app registry is ready.
@@ -208,8 +227,11 @@ def write(events: list[Event]) -> None:
 
     merged, failures = _merge(events)
     with transaction.atomic():
-        failures += _redeliveries(merged)
+        lost = _redeliveries(merged)
         _upsert(merged)
+        if lost and failures:
+            _renumber(failures)
+        failures += lost
         for event in merged:
             if event.annotate and event.progress < TERMINAL:
                 stats.statements += 1

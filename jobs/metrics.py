@@ -11,16 +11,32 @@ at scrape time by ``StateCollector``.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 logger = logging.getLogger(__name__)
+
+# Files are named by host and pid, not pid alone: containers sharing one
+# metrics volume (docker-compose) each have their own pid 1, 7, ...
+_HOST = socket.gethostname().replace("_", "-")
+
+
+def process_identifier(pid: int | None = None) -> str:
+    return f"{_HOST}-{os.getpid() if pid is None else pid}"
+
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        process_identifier=process_identifier
+    )
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -34,7 +34,9 @@ def _allowed(request: HttpRequest) -> bool:
         return False
     if settings.DEBUG and address.is_loopback:
         return True
-    return any(address in ipaddress.ip_network(net) for net in settings.METRICS_ALLOWED_IPS)
+    return any(
+        address in ipaddress.ip_network(net, strict=False) for net in settings.METRICS_ALLOWED_IPS
+    )
 
 
 def registry() -> CollectorRegistry:

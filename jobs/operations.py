@@ -9,6 +9,7 @@ from typing import Any
 
 import dramatiq
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from jobs import queues, states
 from jobs.broker import redis_broker
@@ -64,7 +65,8 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
     fields = ("message_id", "queue_name", "actor_name", "redis_message_id", "args", "kwargs")
     for rows in _batches(queryset.filter(state=states.FAILED), *fields):
         for row in rows:
-            original = _original_message(row)
+            already = Job.objects.filter(retry_of_id=row["message_id"]).exists()
+            original = None if already else _original_message(row)
             if original is None or row["actor_name"] not in broker.actors:
                 outcome.skipped += 1
                 continue
@@ -96,7 +98,10 @@ def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
         queues.cancel(ids)
         outcome.done += Job.objects.filter(
             message_id__in=ids, state__in=(states.ENQUEUED, states.DELAYED)
-        ).update(state=states.SKIPPED, skip_reason="cancelled", progress=10**12)
+        ).update(state=states.SKIPPED, skip_reason="cancelled", finished_at=timezone.now())
+        # progress is left as it was: a worker that picked the message up before
+        # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
+        # and one that skips it records the final "skipped".
     return outcome
 
 

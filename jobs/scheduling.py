@@ -16,6 +16,7 @@ The tick reaches the actor as the message option ``tick`` (ISO 8601), see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -98,9 +99,16 @@ def enqueue_tick(
     if not claim_tick(actor.actor_name, tick):
         logger.info("Tick %s of %s already enqueued elsewhere", tick.isoformat(), actor.actor_name)
         return None
-    message = actor.send_with_options(
-        scheduled_at=str(pendulum.now(settings.JOBS_SCHEDULE_TZ)), tick=tick.isoformat()
-    )
+    try:
+        message = actor.send_with_options(
+            scheduled_at=str(pendulum.now(settings.JOBS_SCHEDULE_TZ)), tick=tick.isoformat()
+        )
+    except Exception:
+        # Not sent: give the claim back so the retry (ours or another
+        # scheduler's) can send it, instead of finding it "already enqueued".
+        with contextlib.suppress(Exception):
+            redis_broker().client.delete(tick_key(actor.actor_name, tick))
+        raise
     logger.info(
         "Enqueued %s (%s) for tick %s (message %s)",
         actor.actor_name,

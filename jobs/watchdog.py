@@ -67,14 +67,19 @@ def _reconcile(job: Job) -> str | None:
         queues.locate(job.queue_name, job.redis_message_id) if job.redis_message_id else "pending"
     )
     worker = f"worker {job.worker_host}:{job.worker_pid}"
-    running = Job.objects.filter(message_id=job.message_id, state=states.RUNNING)
+    # Only the run we looked at: a redelivery may have started since.
+    running = Job.objects.filter(
+        message_id=job.message_id, state=states.RUNNING, started_at=job.started_at
+    )
     if where == "pending":
         # Dramatiq redelivers it once the dead worker's heartbeat is old enough and
         # maintenance runs (forced by the caller): show it as waiting again.
         note = f"{worker} gone while running; redelivering"
         moved = running.update(
             state=states.ENQUEUED,
-            progress=progress_of(max(job.attempts - 1, 0), PHASE_ENQUEUED),
+            # Back to "waiting" for the same Dramatiq attempt index, so the
+            # redelivered run's events (same index, later phase) still apply.
+            progress=progress_of(job.progress // 10, PHASE_ENQUEUED),
             error_type="WorkerLost",
             error_message=note,
         )
@@ -115,6 +120,7 @@ def reconcile_stalled_jobs() -> list[Finding]:
         "worker_host",
         "worker_pid",
         "attempts",
+        "progress",
         "redis_message_id",
     ):
         assert job.started_at is not None

@@ -7,6 +7,7 @@ naming the variable. See README "Configuration".
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from email.utils import parseaddr
 from pathlib import Path
@@ -312,6 +313,13 @@ if not DEBUG:
 # /metrics: loopback only in DEBUG; otherwise a bearer token or an allowlist.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
+for _network in METRICS_ALLOWED_IPS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"METRICS_ALLOWED_IPS has an entry that is not an address or network: {_network!r}"
+        ) from None
 
 # --- Logging -----------------------------------------------------------------
 

@@ -71,4 +71,5 @@ class Metrics(dramatiq.Middleware):
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             from prometheus_client import multiprocess
 
-            multiprocess.mark_process_dead(os.getpid())  # type: ignore[no-untyped-call]
+            pid = metrics.process_identifier()
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

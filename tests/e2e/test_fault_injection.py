@@ -123,6 +123,9 @@ def test_signups_during_a_redis_outage_are_all_mailed_once_it_is_back(
         mail_dir = Path(worker_env["EMAIL_FILE_PATH"])
         wait_until(lambda: len(list(mail_dir.glob("*.log"))) >= 20, timeout=90)
         time.sleep(1)  # a duplicate would arrive now
+        wait_until(
+            lambda: all("-" * 79 in f.read_text() for f in mail_dir.glob("*.log")), timeout=10
+        )
         recipients = [
             line
             for f in mail_dir.glob("*.log")

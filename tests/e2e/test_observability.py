@@ -72,6 +72,7 @@ def test_a_signup_and_its_job_share_the_request_id_and_show_in_metrics(
     signup(web.url, "grace", request_id)
     mail_dir = Path(worker_env["EMAIL_FILE_PATH"])
     wait_for(lambda: any(mail_dir.glob("*.log")))
+    wait_for(lambda: "Welcome email sent" in worker.log())  # logged right after the send
 
     web_lines = [r for r in json_lines(web.log_path) if r.get("request_id") == request_id]
     job_lines = [r for r in json_lines(worker.log_path) if r.get("request_id") == request_id]

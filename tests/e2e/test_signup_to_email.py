@@ -13,12 +13,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def wait_for_files(directory: Path, *, count: int, timeout: float) -> list[Path]:
+    """Mail files the file backend has finished writing (it ends each with a rule)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        files = sorted(directory.glob("*.log"))
+        files = [f for f in sorted(directory.glob("*.log")) if "-" * 79 in f.read_text()]
         if len(files) >= count:
             return files
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise AssertionError(f"expected {count} email file(s) in {directory} within {timeout} s")
 
 

@@ -163,3 +163,20 @@ def test_a_redelivered_attempt_counts_as_another_attempt_with_the_lost_one_kept(
     assert (job.state, job.attempts, job.worker_pid) == ("succeeded", 2, 222)
     [lost] = JobAttempt.objects.filter(job_id="m-1")
     assert (lost.number, lost.error_type, lost.worker_pid) == (1, "WorkerLost", 111)
+
+
+def test_the_redelivered_attempts_own_failure_is_kept_too() -> None:
+    from datetime import timedelta
+
+    from jobs.models import JobAttempt
+
+    first_start = datetime.now(UTC)
+    write([event("running", progress_of(0, PHASE_RUNNING), attempts=1, started_at=first_start)])
+    second_start = first_start + timedelta(seconds=70)
+    # The redelivered attempt (Dramatiq still says retries=0) starts and fails.
+    failed = event("running", progress_of(0, PHASE_RUNNING), attempts=1, started_at=second_start)
+    failed.failure = {"number": 1, "finished_at": second_start, "error_type": "Boom"}
+    write([failed])
+
+    rows = list(JobAttempt.objects.filter(job_id="m-1").values_list("number", "error_type"))
+    assert rows == [(1, "WorkerLost"), (2, "Boom")]
