@@ -11,7 +11,7 @@ import pendulum
 
 from jobs.broker import redis_broker
 from jobs.models import Job
-from jobs.scheduling import default_clock, periodic_actors
+from jobs.scheduling import claim_tick, default_clock, periodic_actors, tick_key
 
 RUN_NOW_GUARD_SECONDS = 10
 
@@ -59,11 +59,13 @@ def run_now(actor: dramatiq.Actor[Any, Any]) -> dramatiq.Message[Any] | None:
     tick = pendulum.now(default_clock().tz).replace(second=0, microsecond=0)
     # A manual run counts as the current minute's tick: if the schedule fires in
     # the same minute, the tick claim stops the second copy.
-    from jobs.scheduling import claim_tick
-
     if not claim_tick(actor.actor_name, tick):
         return None
-    message: dramatiq.Message[Any] = actor.send_with_options(
-        scheduled_at=str(pendulum.now(default_clock().tz)), tick=tick.isoformat(), manual=True
-    )
+    try:
+        message: dramatiq.Message[Any] = actor.send_with_options(
+            scheduled_at=str(pendulum.now(default_clock().tz)), tick=tick.isoformat(), manual=True
+        )
+    except Exception:
+        redis_broker().client.delete(tick_key(actor.actor_name, tick), guard)  # not sent
+        raise
     return message
