@@ -15,6 +15,6 @@ def child_exit(server: Any, worker: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        from jobs.metrics import process_identifier
+        from jobs.observability.metrics import process_identifier
 
         multiprocess.mark_process_dead(process_identifier(worker.pid))  # type: ignore[no-untyped-call]

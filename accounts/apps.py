@@ -8,4 +8,4 @@ class AccountsConfig(AppConfig):
     verbose_name = "Accounts"
 
     def ready(self) -> None:
-        from accounts import signals  # noqa: F401 - connects the cache invalidation
+        from accounts import reports, signals  # noqa: F401 - report sections, cache invalidation

@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from jobs.cache import cache_loader, cached
+from jobs.consistency.cache import cache_loader, cached
 
 User = get_user_model()
 

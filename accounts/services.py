@@ -14,10 +14,10 @@ from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 
-from jobs import metrics
+from accounts import metrics
+from jobs.consistency.idempotency import run_once
+from jobs.consistency.outbox import send_on_commit
 from jobs.errors import PermanentJobError
-from jobs.idempotency import run_once
-from jobs.outbox import send_on_commit
 
 logger = logging.getLogger(__name__)
 User = get_user_model()

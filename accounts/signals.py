@@ -9,7 +9,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from accounts.selectors import PROFILE_NAMESPACE
-from jobs.cache import invalidate_on_commit
+from jobs.consistency.cache import invalidate_on_commit
 
 User = get_user_model()
 

@@ -7,7 +7,7 @@ from django.conf import settings
 
 from accounts import selectors  # noqa: F401 - registers the cache loaders for warm-up jobs
 from accounts.services import welcome_email_send
-from jobs.ratelimits import rate_limited
+from jobs.consistency.ratelimits import rate_limited
 
 
 def _welcome_email_rate() -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import dramatiq
 
-from jobs.brokers import WakeupRedisBroker
+from jobs.broker.wakeup import WakeupRedisBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

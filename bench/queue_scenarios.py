@@ -24,7 +24,7 @@ from django.conf import settings
 from bench import procs
 from bench.registry import Context, Row, Variants, measured, scenario
 from jobs.broker import redis_broker
-from jobs.brokers import WakeupRedisBroker
+from jobs.broker.wakeup import WakeupRedisBroker
 
 
 @dataclass(frozen=True)
@@ -285,7 +285,7 @@ def enqueue_bulk() -> Variants:
 
 
 def _flush_broker() -> None:
-    from jobs import ledger
+    from jobs.ledger import writer as ledger
 
     ledger.flush()
     redis_broker().client.flushdb()

@@ -8,8 +8,8 @@ from django.core.cache import cache
 from django_redis import get_redis_connection
 
 from bench.registry import Variants, scenario
-from jobs.cache import cached
-from jobs.locks import redis_lock
+from jobs.consistency.cache import cached
+from jobs.consistency.locks import redis_lock
 
 _RAW_RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -47,7 +47,7 @@ def lock_cycle() -> Variants:
 
 @scenario(
     "cache-hit",
-    "jobs.cache.cached() hit (version, value, hit counter: one round trip) vs cache.get",
+    "cached() hit (version, value, hit counter: one round trip) vs cache.get",
     n=10_000,
     quick_n=2_000,
     target=0.9,

@@ -1,6 +1,6 @@
 """Bench settings: the project's settings plus the knobs the benchmarks turn.
 
-    JOBS_INSTANT_WAKEUP=0        the stock polling consumer (jobs.brokers)
+    JOBS_INSTANT_WAKEUP=0        the stock polling consumer (jobs.broker.wakeup)
     BENCH_ADMIN_MIDDLEWARE=1     django-dramatiq's AdminMiddleware (its Task model)
                                  in place of our ledger, for comparison
 Passwords use MD5 so signup figures measure the queue path, not PBKDF2
@@ -22,7 +22,7 @@ if env_bool("BENCH_ADMIN_MIDDLEWARE", False):
 
 DRAMATIQ_BROKER = {
     **DRAMATIQ_BROKER,
-    "BROKER": "jobs.brokers.WakeupRedisBroker",
+    "BROKER": "jobs.broker.wakeup.WakeupRedisBroker",
     "OPTIONS": {
         **DRAMATIQ_BROKER["OPTIONS"],  # type: ignore[dict-item]
         "instant_wakeup": env_bool("JOBS_INSTANT_WAKEUP", True),

@@ -1,7 +1,7 @@
 """The bench's worker module: ``dramatiq bench.worker_app --queues bench ...``.
 
 ``BENCH_STACK=raw`` is plain Dramatiq (a stock RedisBroker with Dramatiq's
-default middleware, or ``jobs.brokers.WakeupRedisBroker`` with
+default middleware, or ``jobs.broker.wakeup.WakeupRedisBroker`` with
 ``BENCH_BROKER=wakeup``); ``BENCH_STACK=django`` is our full stack, configured
 by ``DJANGO_SETTINGS_MODULE`` (bench.settings). Each process writes how many
 SQL statements and ledger writes it made to ``BENCH_STATS_DIR/<pid>.json`` when
@@ -47,7 +47,7 @@ class _StatsOnShutdown(dramatiq.Middleware):
         self.counts = counts
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        from jobs import ledger
+        from jobs.ledger import writer as ledger
 
         ledger.flush()  # the ledger's last batch belongs to the cost
         directory = os.environ.get("BENCH_STATS_DIR")
@@ -66,7 +66,7 @@ if STACK == "django":
 else:
     from dramatiq.brokers.redis import RedisBroker
 
-    from jobs.brokers import WakeupRedisBroker
+    from jobs.broker.wakeup import WakeupRedisBroker
 
     _url = os.environ["BENCH_REDIS_URL"]
     if os.environ.get("BENCH_BROKER") == "wakeup":

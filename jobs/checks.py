@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Warning
 from django.utils.module_loading import autodiscover_modules
 
-from jobs.locks import lock_declarations
+from jobs.consistency.locks import lock_declarations
 
 
 def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

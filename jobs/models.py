@@ -2,14 +2,14 @@ from __future__ import annotations
 
 from django.db import models
 
-from jobs import states
+from jobs.ledger import states
 
 
 class Job(models.Model):
     """One Dramatiq message and what became of it: the job ledger.
 
     Written by ``jobs.middleware.ledger.Ledger``. ``progress`` orders the events
-    of one message (``jobs.ledger.progress_of``); a write only applies when it
+    of one message (``jobs.ledger.writer.progress_of``); a write only applies when it
     moves progress forward, so a late "enqueued" never overwrites "running" and
     a terminal state is never left.
     """
@@ -150,7 +150,7 @@ class DailyReport(models.Model):
 class OutboxMessage(models.Model):
     """A message to publish, written in the transaction that asked for it.
 
-    ``jobs.outbox.send_on_commit`` inserts the row with the caller's transaction;
+    ``jobs.consistency.outbox.send_on_commit`` inserts the row with the caller's transaction;
     after commit it is published at once, or by the relay in the worker processes
     once the broker is reachable again. ``claimed_until`` lets several relays run
     without publishing one row twice.
@@ -174,7 +174,7 @@ class OutboxMessage(models.Model):
 
 
 class JobCheckpoint(models.Model):
-    """A completed step of a job, so a retry resumes after it (``jobs.checkpoints``)."""
+    """A completed step of a job, so a retry resumes after it (``jobs.consistency.checkpoints``)."""
 
     message_id = models.CharField(max_length=36)
     step = models.CharField(max_length=100)

@@ -54,7 +54,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "jobs.logcontext.RequestIdMiddleware",
+    "jobs.observability.logcontext.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -164,7 +164,7 @@ JOBS_CONTROL_REFRESH_MS = env_int("JOBS_CONTROL_REFRESH_MS", 1000, minimum=0)
 # A paused queue's messages come back this often to see if it was resumed.
 JOBS_PAUSE_RECHECK_MS = env_int("JOBS_PAUSE_RECHECK_MS", 5_000, minimum=10)
 
-# --- Consistency toolkit (jobs.locks, jobs.cache, jobs.dedup) -------------------
+# --- Consistency toolkit (jobs.consistency: locks, cache, dedup) -------------------
 
 JOBS_LOCK_WAIT_WARNING_MS = env_int("JOBS_LOCK_WAIT_WARNING_MS", 1000, minimum=0)
 # How long cache readers wait for the one caller loading a missing key.
@@ -205,8 +205,8 @@ WATCHDOG_QUEUE_STALL_MINUTES = env_int("WATCHDOG_QUEUE_STALL_MINUTES", 5, minimu
 WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum=1)
 
 DRAMATIQ_BROKER = {
-    # Dramatiq's RedisBroker plus instant wake-up of idle workers (jobs/brokers.py).
-    "BROKER": "jobs.brokers.WakeupRedisBroker",
+    # Dramatiq's RedisBroker plus instant wake-up of idle workers (jobs/broker/wakeup.py).
+    "BROKER": "jobs.broker.wakeup.WakeupRedisBroker",
     "OPTIONS": {
         "instant_wakeup": JOBS_INSTANT_WAKEUP,
         # Fail fast when Redis is unreachable: the outbox keeps the message and a
@@ -229,7 +229,7 @@ DRAMATIQ_BROKER = {
         "dramatiq.middleware.Pipelines",
         "dramatiq.middleware.CurrentMessage",
         # request id into messages; job id, actor, attempt, queue onto log lines
-        "jobs.logcontext.JobLogContext",
+        "jobs.observability.logcontext.JobLogContext",
         # a paused or cancelled message is turned away before the ledger marks it running
         "jobs.middleware.control.Control",
         # after Retries has failed or re-enqueued a message, metrics and ledger record it
@@ -331,14 +331,14 @@ if LOG_FORMAT not in ("plain", "json"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "jobs.logcontext.ContextFilter"}},
+    "filters": {"context": {"()": "jobs.observability.logcontext.ContextFilter"}},
     "formatters": {
         "plain": {
-            "()": "jobs.logcontext.PlainFormatter",
+            "()": "jobs.observability.logcontext.PlainFormatter",
             "format": "%(asctime)s %(levelname)s [%(process)d %(threadName)s] %(name)s: "
             "%(message)s",
         },
-        "json": {"()": "jobs.logcontext.JsonFormatter"},
+        "json": {"()": "jobs.observability.logcontext.JsonFormatter"},
     },
     "handlers": {
         "console": {

@@ -4,8 +4,8 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from jobs.health import healthz
-from jobs.metrics_view import metrics
+from jobs.observability.health import healthz
+from jobs.observability.metrics_view import metrics
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="accounts:signup", permanent=False)),

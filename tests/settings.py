@@ -46,3 +46,5 @@ from project.settings import *  # noqa: E402,F403
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(TEST_TMP / "test.sqlite3")}  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# Example actors (demo_pipeline) that the tests drive; production never loads them.
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.examples"]  # noqa: F405

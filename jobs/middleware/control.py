@@ -19,10 +19,10 @@ from typing import Any
 import dramatiq
 from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
 
-from jobs import queues
-from jobs.middleware.ledger import canonical_queue
+from jobs.broker import queues
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Control(dramatiq.Middleware):
         if message.message_id in controls.cancelled:
             message.options["skip_reason"] = "cancelled"
             raise SkipMessage("cancelled")
-        queue_name = canonical_queue(message.queue_name)
+        queue_name = q_name(message.queue_name)
         if queue_name in controls.paused:
             requeue: dramatiq.Message[Any] = message.copy(queue_name=queue_name)
             broker.enqueue(requeue, delay=settings.JOBS_PAUSE_RECHECK_MS)

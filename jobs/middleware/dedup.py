@@ -12,7 +12,7 @@ from __future__ import annotations
 import dramatiq
 from dramatiq.broker import MessageProxy
 
-from jobs import dedup
+from jobs.consistency import dedup
 
 
 class Dedup(dramatiq.Middleware):

@@ -17,10 +17,19 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
 
-from jobs import ledger, states
-from jobs.ledger import PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING, TERMINAL, Event, progress_of
-from jobs.redaction import redact
+from jobs.ledger import states
+from jobs.ledger import writer as ledger
+from jobs.ledger.redaction import redact
+from jobs.ledger.writer import (
+    PHASE_DELAYED,
+    PHASE_ENQUEUED,
+    PHASE_RUNNING,
+    TERMINAL,
+    Event,
+    progress_of,
+)
 
 HOST = socket.gethostname()
 MAX_TEXT = 10_000
@@ -33,10 +42,6 @@ def _now() -> datetime:
 
 def _from_millis(millis: int | float) -> datetime:
     return datetime.fromtimestamp(millis / 1000, UTC)
-
-
-def canonical_queue(queue_name: str) -> str:
-    return queue_name[:-3] if queue_name.endswith(".DQ") else queue_name
 
 
 def _attempt_index(message: dramatiq.Message[Any] | MessageProxy) -> int:
@@ -71,7 +76,7 @@ def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy)
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
     return {
         "actor_name": message.actor_name,
-        "queue_name": canonical_queue(message.queue_name),
+        "queue_name": q_name(message.queue_name),
         "args": redact(list(message.args)),
         "kwargs": redact(dict(message.kwargs)),
         "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),

@@ -12,10 +12,10 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
+from dramatiq.common import q_name
 
-from jobs import metrics
-from jobs.middleware.ledger import canonical_queue
-from jobs.workers import Heartbeat
+from jobs.broker.workers import Heartbeat
+from jobs.observability import metrics
 
 
 class Metrics(dramatiq.Middleware):
@@ -25,11 +25,11 @@ class Metrics(dramatiq.Middleware):
 
     def after_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:
         if message.options.get("retries") is None:  # retries are counted where they fail
-            metrics.ENQUEUED.labels(message.actor_name, canonical_queue(message.queue_name)).inc()
+            metrics.ENQUEUED.labels(message.actor_name, q_name(message.queue_name)).inc()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started[message.message_id] = time.perf_counter()
-        metrics.IN_PROGRESS.labels(message.actor_name, canonical_queue(message.queue_name)).inc()
+        metrics.IN_PROGRESS.labels(message.actor_name, q_name(message.queue_name)).inc()
 
     def after_process_message(
         self,
@@ -39,7 +39,7 @@ class Metrics(dramatiq.Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        labels = (message.actor_name, canonical_queue(message.queue_name))
+        labels = (message.actor_name, q_name(message.queue_name))
         metrics.IN_PROGRESS.labels(*labels).dec()
         started = self._started.pop(message.message_id, None)
         if started is not None:
@@ -54,7 +54,7 @@ class Metrics(dramatiq.Middleware):
         metrics.JOBS.labels(*labels, outcome).inc()
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        labels = (message.actor_name, canonical_queue(message.queue_name))
+        labels = (message.actor_name, q_name(message.queue_name))
         if message.message_id in self._started:  # skipped after before_process ran
             self._started.pop(message.message_id)
             metrics.IN_PROGRESS.labels(*labels).dec()

@@ -1,4 +1,4 @@
-"""Runs the outbox relay thread in every worker process (see ``jobs.outbox``)."""
+"""Runs the outbox relay thread in every worker process (see ``jobs.consistency.outbox``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ class OutboxRelay(dramatiq.Middleware):
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         if settings.JOBS_OUTBOX_RELAY_INTERVAL_MS <= 0:
             return
-        from jobs.outbox import Relay  # models: import after the app registry is ready
+        from jobs.consistency.outbox import Relay  # models: import after the app registry is ready
 
         relay = Relay(settings.JOBS_OUTBOX_RELAY_INTERVAL_MS / 1000)
         relay.start()

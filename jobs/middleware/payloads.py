@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import MiddlewareError
 from pydantic import TypeAdapter, ValidationError
 
+from jobs.broker.limits import PayloadTooLarge, check_size
 from jobs.errors import PermanentJobError
+
+__all__ = ["InvalidPayload", "PayloadTooLarge", "Payloads", "check_size"]
 
 Validator = Callable[[tuple[Any, ...], dict[str, Any]], None]
 
@@ -32,19 +34,6 @@ Validator = Callable[[tuple[Any, ...], dict[str, Any]], None]
 
 class InvalidPayload(PermanentJobError, MiddlewareError):
     """The message's arguments do not match the actor's signature."""
-
-
-class PayloadTooLarge(ValueError, MiddlewareError):
-    """Refused at send time: the encoded message exceeds JOBS_MAX_PAYLOAD_BYTES."""
-
-
-def check_size(message: dramatiq.Message[Any]) -> None:
-    size = len(message.encode())
-    if size > settings.JOBS_MAX_PAYLOAD_BYTES:
-        raise PayloadTooLarge(
-            f"{message.actor_name} message is {size} bytes; the limit is "
-            f"{settings.JOBS_MAX_PAYLOAD_BYTES} (JOBS_MAX_PAYLOAD_BYTES). Pass ids, not data."
-        )
 
 
 def build_validator(fn: Callable[..., Any]) -> Validator:

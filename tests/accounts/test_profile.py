@@ -1,4 +1,4 @@
-"""The cached user profile: GET /api/users/<id>/ served through jobs.cache."""
+"""The cached user profile: GET /api/users/<id>/ served through jobs.consistency.cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.test import Client
 
-from jobs.cache import cache_stats
+from jobs.consistency.cache import cache_stats
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

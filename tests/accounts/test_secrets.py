@@ -11,8 +11,8 @@ import pytest
 from django.test import Client
 from django_redis import get_redis_connection
 
-from jobs import ledger
 from jobs.broker import redis_broker
+from jobs.ledger import writer as ledger
 from jobs.models import Job, OutboxMessage
 from tests.conftest import join
 

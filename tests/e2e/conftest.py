@@ -76,7 +76,7 @@ def worker_env(tmp_path: Path) -> dict[str, str]:
     mail_dir.mkdir()
     env = {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",  # shipped settings + example actors
         "DATABASE_URL": f"sqlite:///{database['NAME']}",
         "REDIS_URL": settings.REDIS_URL,
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",

@@ -9,10 +9,10 @@ import dramatiq
 import pytest
 from django.contrib.auth.models import User
 
-from jobs import ledger
+from jobs.ledger import writer as ledger
 from jobs.models import Job
 from tests.e2e.conftest import screenshot
-from tests.jobs.test_admin import QUEUE, fragile, run_queue, switch
+from tests.jobs.admin.test_admin import QUEUE, fragile, run_queue, switch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -17,12 +17,13 @@ import dramatiq
 import pytest
 from dramatiq.brokers.redis import RedisBroker
 
-from jobs import ledger, queues
+from jobs.broker import queues
+from jobs.ledger import writer as ledger
 from jobs.models import EffectRecord, Job, JobAttempt
-from jobs.tasks import demo_pipeline
-from jobs.watchdog import reconcile_stalled_jobs
+from jobs.scheduling.watchdog import reconcile_stalled_jobs
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
+from tests.examples.tasks import demo_pipeline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 FAST_RECOVERY = {

@@ -14,7 +14,7 @@ import pytest
 
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
-from tests.jobs.test_metrics import value
+from tests.jobs.observability.test_metrics import value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 TOKEN = {"METRICS_TOKEN": "e2e-token", "LOG_FORMAT": "json", "SIGNUP_RATE_LIMIT": "off"}

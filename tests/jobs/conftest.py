@@ -25,7 +25,7 @@ def subprocess_env() -> dict[str, str]:
     assert database["ENGINE"].endswith("sqlite3"), "subprocess tests share the SQLite test file"
     return {
         **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DJANGO_SETTINGS_MODULE": "tests.worker_settings",  # shipped settings + example actors
         "DATABASE_URL": f"sqlite:///{database['NAME']}",
         "REDIS_URL": settings.REDIS_URL,
         "PYTHONUNBUFFERED": "1",

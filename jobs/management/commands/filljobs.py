@@ -14,8 +14,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
-from jobs import states
-from jobs.ledger import TERMINAL
+from jobs.ledger import states
+from jobs.ledger.writer import TERMINAL
 from jobs.models import Job
 
 ACTORS = (("send_welcome_email", "emails"), ("daily_report", "reports"), ("watchdog", "default"))

@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from jobs.retention import prune
+from jobs.ledger.retention import prune
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from jobs.reports import report_generate, report_send
+from jobs.scheduling.reports import report_generate, report_send
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django_dramatiq.management.commands.rundramatiq import Command as RunDramatiq
 
-from jobs.scheduling import Scheduler, default_clock, periodic_actors
+from jobs.scheduling.scheduler import Scheduler, default_clock, periodic_actors
 
 
 class Command(BaseCommand):

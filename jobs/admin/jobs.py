@@ -1,0 +1,382 @@
+"""The job ledger in the Django admin: browse, inspect, retry, cancel, pause."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+from django_dramatiq.models import Task
+
+from jobs.admin.dashboard import dashboard_context
+from jobs.admin.pagination import CheapCountPaginator
+from jobs.admin.schedules import run_now, schedule_rows
+from jobs.broker import queues, redis_broker
+from jobs.ledger import operations
+from jobs.models import DailyReport, EffectRecord, Job, JobCheckpoint
+from jobs.scheduling.scheduler import periodic_actors
+
+# django-dramatiq's own Task table is not written here (its AdminMiddleware has
+# the state races of upstream issues 105 and 154); hide its empty admin.
+if admin.site.is_registered(Task):
+    admin.site.unregister(Task)
+
+STATE_COLOURS = {
+    "enqueued": "#2563eb",
+    "delayed": "#7c3aed",
+    "running": "#d97706",
+    "succeeded": "#15803d",
+    "failed": "#b91c1c",
+    "skipped": "#6b7280",
+}
+
+
+def state_badge(state: str) -> SafeString:
+    colour = STATE_COLOURS.get(state, "#374151")
+    return format_html(
+        '<span class="job-state" style="color:#fff;background:{};padding:1px 6px;'
+        'border-radius:3px;font-weight:600">{}</span>',
+        colour,
+        state,
+    )
+
+
+def pretty_json(value: Any) -> SafeString:
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    return format_html('<pre style="margin:0;white-space:pre-wrap">{}</pre>', text)
+
+
+class ActorFilter(admin.SimpleListFilter):
+    """Choices from the registered actors, not a DISTINCT over millions of rows."""
+
+    title = "actor"
+    parameter_name = "actor"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in sorted(redis_broker().actors)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return queryset.filter(actor_name=value) if value else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in queues.queue_names()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        value = self.value()
+        return queryset.filter(queue_name=value) if value else queryset
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "message_id",
+        "state_coloured",
+        "actor_name",
+        "queue_name",
+        "attempts_display",
+        "enqueued_at",
+        "duration_display",
+    )
+    list_display_links = ("message_id",)
+    list_filter = ("state", ActorFilter, QueueFilter, ("enqueued_at", admin.DateFieldListFilter))
+    search_fields = ("=message_id", "actor_name", "args", "kwargs")
+    ordering = ("-id",)
+    paginator = CheapCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    date_hierarchy = None
+    actions = ("retry_selected", "cancel_selected", "delete_selected_in_batches")
+    readonly_fields = (
+        "message_id",
+        "state_coloured",
+        "actor_name",
+        "queue_name",
+        "attempts_display",
+        "enqueued_at",
+        "started_at",
+        "finished_at",
+        "duration_display",
+        "next_retry_at",
+        "worker_host",
+        "worker_pid",
+        "arguments",
+        "options_pretty",
+        "checkpoints_pretty",
+        "retry_links",
+        "error_type",
+        "error_message",
+        "failures",
+        "skip_reason",
+    )
+    fieldsets = (
+        (None, {"fields": ("message_id", "state_coloured", "actor_name", "queue_name")}),
+        (
+            "Timing",
+            {
+                "fields": (
+                    "attempts_display",
+                    "enqueued_at",
+                    "started_at",
+                    "finished_at",
+                    "duration_display",
+                    "next_retry_at",
+                    "worker_host",
+                    "worker_pid",
+                )
+            },
+        ),
+        (
+            "Payload",
+            {"fields": ("arguments", "options_pretty", "checkpoints_pretty", "retry_links")},
+        ),
+        ("Failure", {"fields": ("error_type", "error_message", "failures", "skip_reason")}),
+    )
+
+    # --- columns ------------------------------------------------------------
+
+    @admin.display(description="state", ordering="state")
+    def state_coloured(self, job: Job) -> SafeString:
+        return state_badge(job.state)
+
+    @admin.display(description="attempts")
+    def attempts_display(self, job: Job) -> str:
+        return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="duration", ordering="duration_ms")
+    def duration_display(self, job: Job) -> str:
+        return "-" if job.duration_ms is None else f"{job.duration_ms} ms"
+
+    @admin.display(description="arguments")
+    def arguments(self, job: Job) -> SafeString:
+        return pretty_json({"args": job.args, "kwargs": job.kwargs})
+
+    @admin.display(description="options")
+    def options_pretty(self, job: Job) -> SafeString:
+        return pretty_json(job.options)
+
+    @admin.display(description="checkpoints")
+    def checkpoints_pretty(self, job: Job) -> SafeString:
+        steps = JobCheckpoint.objects.filter(message_id=job.message_id).values_list(
+            "step", "data", "created_at"
+        )
+        return pretty_json({step: {"at": at, "data": data} for step, data, at in steps})
+
+    @admin.display(description="retries")
+    def retry_links(self, job: Job) -> SafeString:
+        links = []
+        if job.retry_of_id:
+            links.append(("retry of", job.retry_of_id))
+        links += [("retried as", r) for r in job.retries.values_list("message_id", flat=True)]
+        return format_html_join(
+            ", ",
+            '{} <a href="{}">{}</a>',
+            (
+                (label, f"{reverse('admin:jobs_job_changelist')}?q={mid}", mid)
+                for label, mid in links
+            ),
+        ) or format_html("{}", "-")
+
+    @admin.display(description="every attempt's error")
+    def failures(self, job: Job) -> SafeString:
+        # Tracebacks quote job data: escaped by format_html, never mark_safe.
+        return format_html_join(
+            "\n",
+            "<details><summary>Attempt {} ({} ms on {}): {}: {}</summary>"
+            '<pre style="white-space:pre-wrap">{}</pre></details>',
+            (
+                (a.number, a.duration_ms, a.worker_host, a.error_type, a.error_message, a.traceback)
+                for a in job.failures.all()
+            ),
+        ) or format_html('<pre style="white-space:pre-wrap">{}</pre>', job.traceback or "-")
+
+    # --- read-mostly ----------------------------------------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # loads every row; ours works in batches
+        return actions
+
+    # --- actions --------------------------------------------------------------
+
+    @admin.action(description="Retry selected failed jobs", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        outcome = operations.retry_jobs(queryset)
+        self.message_user(request, f"Retried {outcome.done} job(s).", messages.SUCCESS)
+        if outcome.skipped:
+            self.message_user(
+                request,
+                f"{outcome.skipped} job(s) could not be retried: their message left the "
+                "dead-letter set and the stored arguments were redacted, or the actor is gone.",
+                messages.WARNING,
+            )
+
+    @admin.action(description="Cancel selected waiting jobs", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        outcome = operations.cancel_jobs(queryset)
+        self.message_user(request, f"Cancelled {outcome.done} waiting job(s).", messages.SUCCESS)
+
+    @admin.action(description="Delete selected jobs", permissions=["delete"])
+    def delete_selected_in_batches(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> HttpResponse | None:
+        if request.POST.get("confirmed") != "yes":
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Delete jobs?",
+                "count": queryset.order_by().values("pk")[:1_000_001].count(),
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+                "select_across": request.POST.get("select_across", "0"),
+                "query_string": request.GET.urlencode(),
+                "opts": self.model._meta,
+            }
+            return TemplateResponse(request, "admin/jobs/job/delete_in_batches.html", context)
+        outcome = operations.delete_jobs(queryset)
+        self.message_user(request, f"Deleted {outcome.done} job(s).", messages.SUCCESS)
+        return None
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.retry_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.cancel_job")
+
+    # --- dashboard ------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        extra = [
+            path(
+                "dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="jobs_dashboard",
+            ),
+            path(
+                "schedules/",
+                self.admin_site.admin_view(self.schedules_view),
+                name="jobs_schedules",
+            ),
+            path(
+                "schedules/<str:actor_name>/run/",
+                self.admin_site.admin_view(require_POST(self.run_now_view)),
+                name="jobs_run_now",
+            ),
+            path(
+                "dashboard/queue/<str:queue_name>/<str:verb>/",
+                self.admin_site.admin_view(require_POST(self.queue_control_view)),
+                name="jobs_queue_control",
+            ),
+        ]
+        return extra + super().get_urls()
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            **dashboard_context(),
+            "title": "Jobs dashboard",
+            "opts": self.model._meta,
+            "can_pause": request.user.has_perm("jobs.pause_queue"),
+        }
+        return TemplateResponse(request, "admin/jobs/dashboard.html", context)
+
+    def schedules_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            return HttpResponse(status=403)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Schedules",
+            "opts": self.model._meta,
+            "schedules": schedule_rows(),
+            "can_run": request.user.has_perm("jobs.run_periodic"),
+        }
+        return TemplateResponse(request, "admin/jobs/schedules.html", context)
+
+    def run_now_view(self, request: HttpRequest, actor_name: str) -> HttpResponse:
+        if not request.user.has_perm("jobs.run_periodic"):
+            return HttpResponse("You may not run periodic jobs.", status=403)
+        actors = {a.actor_name: a for a in periodic_actors()}
+        if actor_name not in actors:
+            return HttpResponse("Unknown periodic job.", status=404)
+        message = run_now(actors[actor_name])
+        if message is None:
+            self.message_user(
+                request, f"{actor_name} was just started; not sent again.", messages.WARNING
+            )
+        else:
+            self.message_user(
+                request, f"{actor_name} enqueued ({message.message_id}).", messages.SUCCESS
+            )
+        return redirect("admin:jobs_schedules")
+
+    def queue_control_view(self, request: HttpRequest, queue_name: str, verb: str) -> HttpResponse:
+        if not request.user.has_perm("jobs.pause_queue"):
+            return HttpResponse("You may not pause or resume queues.", status=403)
+        if queue_name not in queues.queue_names() or verb not in ("pause", "resume"):
+            return HttpResponse("Unknown queue or action.", status=404)
+        (queues.pause if verb == "pause" else queues.resume)(queue_name)
+        self.message_user(request, f"Queue {queue_name!r}: {verb}d.", messages.SUCCESS)
+        return redirect("admin:jobs_dashboard")
+
+
+@admin.register(DailyReport)
+class DailyReportAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("date", "sections", "failed_jobs", "created_at", "emailed_at")
+    ordering = ("-date",)
+    date_hierarchy = "date"
+    fields = ("date", "created_at", "emailed_at", "report")
+    readonly_fields = fields
+
+    @admin.display(description="figures")
+    def sections(self, report: DailyReport) -> str:
+        rows = report.figures.get("sections", [])
+        return ", ".join(f"{row['title']}: {row['value']}" for row in rows) or "-"
+
+    @admin.display(description="failed jobs")
+    def failed_jobs(self, report: DailyReport) -> int:
+        return int(report.figures.get("jobs_failed", 0))
+
+    @admin.display(description="report")
+    def report(self, report: DailyReport) -> SafeString:
+        return format_html('<pre style="white-space:pre-wrap">{}</pre>', report.text)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(EffectRecord)
+class EffectRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("key", "state", "created_at", "done_at", "lease_until")
+    list_filter = ("state",)
+    search_fields = ("=key",)
+    ordering = ("-id",)
+    readonly_fields = ("key", "state", "claim_token", "lease_until", "created_at", "done_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,4 @@
+"""The consistency toolkit a job author imports.
+
+Locks, cache-aside, idempotency, checkpoints, dedup, rate limits and the outbox.
+"""

@@ -1,0 +1,1 @@
+"""The job ledger: states, the batched writer, redaction, retention and operator actions."""

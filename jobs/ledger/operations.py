@@ -1,0 +1,114 @@
+"""Operator actions on jobs: retry, cancel, delete. Batched, never all in memory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from jobs.broker import queues, redis_broker
+from jobs.ledger import states
+from jobs.ledger.redaction import contains_redaction
+from jobs.models import Job
+
+logger = logging.getLogger(__name__)
+BATCH = 500
+# Options that belong to one delivery, not to the job: dropped when retrying.
+_DELIVERY_OPTIONS = frozenset(
+    {"retries", "traceback", "redis_message_id", "eta", "requeue_timestamp", "retry_of"}
+)
+
+
+@dataclass
+class Outcome:
+    done: int = 0
+    skipped: int = 0
+
+
+def _batches(queryset: QuerySet[Job], *fields: str) -> Iterator[list[dict[str, Any]]]:
+    """Rows of ``queryset`` as dicts, ``BATCH`` at a time, walking the primary key."""
+    last_id = 0
+    base = queryset.order_by("id").values("id", *fields)
+    while True:
+        rows = list(base.filter(id__gt=last_id)[:BATCH])
+        if not rows:
+            return
+        yield rows
+        last_id = rows[-1]["id"]
+
+
+def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
+    """The failed message to send again: from the dead-letter set, else from the ledger."""
+    message = queues.dead_letter(row["queue_name"], row["redis_message_id"])
+    if message is not None:
+        return message
+    if contains_redaction(row["args"]) or contains_redaction(row["kwargs"]):
+        return None  # the stored arguments lost a secret; sending them would be wrong
+    return dramatiq.Message(
+        queue_name=row["queue_name"],
+        actor_name=row["actor_name"],
+        args=tuple(row["args"]),
+        kwargs=row["kwargs"],
+        options={},
+    )
+
+
+def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
+    """Send failed jobs again as new messages linked to the original."""
+    outcome = Outcome()
+    broker = redis_broker()
+    fields = ("message_id", "queue_name", "actor_name", "redis_message_id", "args", "kwargs")
+    for rows in _batches(queryset.filter(state=states.FAILED), *fields):
+        for row in rows:
+            already = Job.objects.filter(retry_of_id=row["message_id"]).exists()
+            original = None if already else _original_message(row)
+            if original is None or row["actor_name"] not in broker.actors:
+                outcome.skipped += 1
+                continue
+            # A new message (new id, fresh attempt count) with the original's
+            # arguments and actor options; the link lets the admin show both ways.
+            options = {k: v for k, v in original.options.items() if k not in _DELIVERY_OPTIONS}
+            options["retry_of"] = row["message_id"]
+            broker.enqueue(
+                dramatiq.Message(
+                    queue_name=row["queue_name"],
+                    actor_name=row["actor_name"],
+                    args=tuple(original.args),
+                    kwargs=dict(original.kwargs),
+                    options=options,
+                )
+            )
+            queues.drop_dead_letter(row["queue_name"], row["redis_message_id"])
+            outcome.done += 1
+    logger.info("Retried %d job(s), %d could not be retried", outcome.done, outcome.skipped)
+    return outcome
+
+
+def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
+    """Cancel jobs still waiting (enqueued or delayed): workers skip them."""
+    outcome = Outcome()
+    waiting = queryset.filter(state__in=(states.ENQUEUED, states.DELAYED))
+    for rows in _batches(waiting, "message_id"):
+        ids = [row["message_id"] for row in rows]
+        queues.cancel(ids)
+        outcome.done += Job.objects.filter(
+            message_id__in=ids, state__in=(states.ENQUEUED, states.DELAYED)
+        ).update(state=states.SKIPPED, skip_reason="cancelled", finished_at=timezone.now())
+        # progress is left as it was: a worker that picked the message up before
+        # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
+        # and one that skips it records the final "skipped".
+    return outcome
+
+
+def delete_jobs(queryset: QuerySet[Job]) -> Outcome:
+    """Delete jobs (and their attempts) in primary-key batches."""
+    outcome = Outcome()
+    for rows in _batches(queryset):
+        Job.objects.filter(id__in=[row["id"] for row in rows]).delete()
+        outcome.done += len(rows)
+    return outcome

@@ -1,0 +1,1 @@
+"""Metrics, the /metrics and /healthz views, and structured log context."""

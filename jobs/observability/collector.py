@@ -1,0 +1,84 @@
+"""Figures read at scrape time from Redis and the database: queues, cache, workers.
+
+Kept apart from ``metrics`` (the counters every module increments) because it
+reads the state of the other packages, while ``metrics`` depends on none of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
+
+
+class StateCollector(Collector):
+    """Reads queue depth, cache counters, workers and stuck jobs at scrape time."""
+
+    def collect(self) -> Iterator[Metric]:
+        from jobs.broker import queues
+        from jobs.broker.workers import live_workers
+        from jobs.consistency.cache import cache_stats
+
+        waiting = GaugeMetricFamily("jobs_queue_waiting", "Messages waiting", labels=["queue"])
+        delayed = GaugeMetricFamily(
+            "jobs_queue_delayed", "Messages delayed (scheduled or backing off)", labels=["queue"]
+        )
+        dead = GaugeMetricFamily("jobs_queue_dead", "Messages dead-lettered", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "jobs_queue_oldest_age_seconds", "Age of the oldest waiting message", labels=["queue"]
+        )
+        paused = GaugeMetricFamily(
+            "jobs_queue_paused", "1 if the queue is paused", labels=["queue"]
+        )
+        try:
+            for stat in queues.all_queue_stats():
+                waiting.add_metric([stat.name], stat.waiting)
+                delayed.add_metric([stat.name], stat.delayed)
+                dead.add_metric([stat.name], stat.dead)
+                oldest.add_metric([stat.name], stat.oldest_waiting_age_s or 0.0)
+                paused.add_metric([stat.name], 1 if stat.paused else 0)
+        except Exception:
+            logger.warning("Could not read queue state for metrics", exc_info=True)
+        yield from (waiting, delayed, dead, oldest, paused)
+
+        hits = CounterMetricFamily("jobs_cache_hits", "Cache hits", labels=["namespace"])
+        misses = CounterMetricFamily("jobs_cache_misses", "Cache misses", labels=["namespace"])
+        try:
+            for namespace, counts in sorted(cache_stats().items()):
+                hits.add_metric([namespace], counts["hits"])
+                misses.add_metric([namespace], counts["misses"])
+        except Exception:
+            logger.warning("Could not read cache counters for metrics", exc_info=True)
+        yield from (hits, misses)
+
+        workers = GaugeMetricFamily("jobs_workers_alive", "Worker processes with a fresh heartbeat")
+        try:
+            workers.add_metric([], len(live_workers()))
+        except Exception:
+            logger.warning("Could not read worker heartbeats for metrics", exc_info=True)
+        yield workers
+
+        stuck = GaugeMetricFamily(
+            "jobs_running_over_time_limit",
+            "Jobs recorded as running for longer than the default time limit plus grace",
+        )
+        try:
+            stuck.add_metric([], _stuck_jobs())
+        except Exception:
+            logger.warning("Could not count stuck jobs for metrics", exc_info=True)
+        yield stuck
+
+
+def _stuck_jobs() -> int:
+    from jobs.ledger import states
+    from jobs.models import Job
+
+    limit = timedelta(milliseconds=settings.JOBS_TIME_LIMIT_MS, seconds=settings.WATCHDOG_GRACE_S)
+    return Job.objects.filter(state=states.RUNNING, started_at__lt=timezone.now() - limit).count()

@@ -1,0 +1,57 @@
+"""Prometheus metrics of the job platform.
+
+Counters, gauges and histograms below are recorded in every process (web,
+workers, scheduler). In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, set by
+the settings) each process writes its own files and ``GET /metrics`` sums them,
+so workers' figures appear on the web's endpoint. Figures that live in Redis or
+the database (queue depth, cache hit counts, live workers, stuck jobs) are read
+at scrape time by ``jobs.observability.collector.StateCollector``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from prometheus_client import Counter, Gauge, Histogram, values
+
+logger = logging.getLogger(__name__)
+
+# Files are named by host and pid, not pid alone: containers sharing one
+# metrics volume (docker-compose) each have their own pid 1, 7, ...
+_HOST = socket.gethostname().replace("_", "-")
+
+
+def process_identifier(pid: int | None = None) -> str:
+    return f"{_HOST}-{os.getpid() if pid is None else pid}"
+
+
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        process_identifier=process_identifier
+    )
+
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+JOBS = Counter("jobs_processed_total", "Jobs finished, by outcome", ["actor", "queue", "outcome"])
+RETRIES = Counter("jobs_retries_total", "Failed attempts that will be retried", ["actor", "queue"])
+IN_PROGRESS = Gauge(
+    "jobs_in_progress", "Jobs running now", ["actor", "queue"], multiprocess_mode="livesum"
+)
+DURATION = Histogram(
+    "jobs_duration_seconds", "Time of one attempt", ["actor", "queue"], buckets=DURATION_BUCKETS
+)
+ENQUEUED = Counter("jobs_enqueued_total", "Messages enqueued", ["actor", "queue"])
+
+LOCK_WAIT = Histogram(
+    "jobs_lock_wait_seconds", "Time waited to acquire a Redis lock", buckets=WAIT_BUCKETS
+)
+LOCK_TIMEOUTS = Counter("jobs_lock_timeouts_total", "Locks not acquired within their wait bound")
+LOCKS_HELD = Gauge("jobs_locks_held", "Redis locks held now", multiprocess_mode="livesum")
+LOCKS_LOST = Counter("jobs_locks_lost_total", "Locks lost while held (expired or taken)")
+
+LEDGER_WRITE_FAILURES = Counter(
+    "jobs_ledger_write_failures_total", "Ledger writes that failed (the jobs still ran)"
+)

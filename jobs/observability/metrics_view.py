@@ -1,0 +1,69 @@
+"""``GET /metrics``: Prometheus text format, every process's figures summed.
+
+Open to loopback clients while ``DEBUG`` is on. Otherwise the scraper needs
+``Authorization: Bearer $METRICS_TOKEN`` or an address in ``METRICS_ALLOWED_IPS``;
+anyone else gets 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client.registry import REGISTRY
+
+from jobs.observability.collector import StateCollector
+
+
+def _allowed(request: HttpRequest) -> bool:
+    remote = request.META.get("REMOTE_ADDR", "")
+    token = settings.METRICS_TOKEN
+    if token:
+        header = request.headers.get("Authorization", "")
+        if hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+            return True
+    try:
+        address = ipaddress.ip_address(remote)
+    except ValueError:
+        return False
+    if settings.DEBUG and address.is_loopback:
+        return True
+    return any(
+        address in ipaddress.ip_network(net, strict=False) for net in settings.METRICS_ALLOWED_IPS
+    )
+
+
+def registry() -> CollectorRegistry:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        combined = CollectorRegistry()
+        multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
+    else:
+        combined = REGISTRY
+    state = CollectorRegistry()
+    state.register(StateCollector())
+    merged = CollectorRegistry()
+    for source in (combined, state):
+        merged.register(_Proxy(source))
+    return merged
+
+
+class _Proxy:
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        return self.source.collect()
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not _allowed(request):
+        return HttpResponse("Forbidden: set METRICS_TOKEN or METRICS_ALLOWED_IPS.", status=403)
+    return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)

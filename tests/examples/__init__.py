@@ -1,0 +1,1 @@
+"""Example actors for the tests: loaded by the test settings, never by production."""

@@ -1,0 +1,36 @@
+"""Example actors the tests drive; rundramatiq finds them as this app's ``tasks``."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import dramatiq
+from django.utils import timezone
+from dramatiq.middleware import CurrentMessage
+
+from jobs.consistency import checkpoints
+from jobs.consistency.idempotency import once_atomic
+from jobs.errors import TransientJobError
+
+logger = logging.getLogger(__name__)
+
+
+# An example of a multi-step job: each step is checkpointed, so a retry resumes
+# after the last finished step; the final effect commits with its idempotency key
+# (once_atomic), so a redelivered message cannot apply it twice. See README
+# "Reliability"; the crash and outage tests drive it.
+@dramatiq.actor(queue_name="default", max_retries=3, min_backoff=200)
+def demo_pipeline(key: str, steps: int = 5, step_ms: int = 0, fail_at_step: int = 0) -> None:
+    message = CurrentMessage.get_current_message()
+    first_attempt = message is None or not message.options.get("retries")
+    for step in range(1, steps + 1):
+        if checkpoints.done(step):
+            continue
+        if step == fail_at_step and first_attempt:
+            raise TransientJobError(f"step {step} of {steps} failed (demo)")
+        time.sleep(step_ms / 1000)
+        checkpoints.save(step, {"finished_at": timezone.now().isoformat()})
+    with once_atomic(f"demo-pipeline:{key}") as first:
+        if first:
+            logger.info("demo_pipeline %s finished its %d steps", key, steps)

@@ -1,0 +1,241 @@
+"""The job admin: list, filters, search, detail, actions, dashboard, permissions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from jobs.broker import queues
+from jobs.errors import PermanentJobError
+from jobs.ledger import writer as ledger
+from jobs.models import Job
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "admin-test"
+LIST = "/admin/jobs/job/"
+switch = {"broken": True}
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def fragile(note: str) -> None:
+    if switch["broken"]:
+        raise PermanentJobError(f"cannot handle {note}")
+
+
+def run_queue(broker: dramatiq.Broker) -> None:
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join(QUEUE)
+    finally:
+        worker.stop()
+    ledger.flush()
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    return client
+
+
+@pytest.fixture
+def failed_job(broker: dramatiq.Broker) -> Job:
+    switch["broken"] = True
+    message = fragile.send("<script>alert('x')</script>")
+    run_queue(broker)
+    return Job.objects.get(message_id=message.message_id)
+
+
+def action(client: Client, name: str, jobs: list[Job], **extra: str) -> Any:
+    data = {"action": name, "_selected_action": [j.pk for j in jobs], **extra}
+    return client.post(LIST, data, follow=True)
+
+
+def test_the_list_shows_state_actor_queue_attempts_and_duration(
+    staff: Client, failed_job: Job
+) -> None:
+    html = staff.get(LIST).content.decode()
+    assert failed_job.message_id in html
+    assert "job-state" in html
+    assert ">failed<" in html
+    assert "fragile" in html
+    assert "1/1" in html
+
+
+def test_filters_and_search_narrow_the_list(staff: Client, failed_job: Job) -> None:
+    other = fragile.send_with_options(args=("later",), delay=60_000)
+    ledger.flush()
+
+    failed_only = staff.get(LIST, {"state": "failed"}).content.decode()
+    delayed_only = staff.get(LIST, {"state": "delayed"}).content.decode()
+    by_actor = staff.get(LIST, {"actor": "fragile", "queue": QUEUE}).content.decode()
+    by_id = staff.get(LIST, {"q": other.message_id}).content.decode()
+    by_args = staff.get(LIST, {"q": "later"}).content.decode()
+
+    assert failed_job.message_id in failed_only
+    assert other.message_id not in failed_only
+    assert other.message_id in delayed_only
+    assert failed_job.message_id in by_actor
+    assert other.message_id in by_actor
+    assert other.message_id in by_id
+    assert failed_job.message_id not in by_id
+    assert other.message_id in by_args
+
+
+def test_the_unfiltered_list_never_counts_the_whole_table(staff: Client, failed_job: Job) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        assert staff.get(LIST).status_code == 200
+    sql = [q["sql"].upper() for q in queries.captured_queries if "JOBS_JOB" in q["sql"].upper()]
+    assert not [s for s in sql if "COUNT(" in s]
+    # MIN and MAX in one query make SQLite scan the table (measured: 30 ms at 300k rows).
+    assert not [s for s in sql if "MIN(" in s and "MAX(" in s]
+
+    with CaptureQueriesContext(connection) as queries:
+        assert staff.get(LIST, {"state": "failed"}).status_code == 200
+    counts = [q["sql"].upper() for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert counts
+    assert all("LIMIT" in s for s in counts if "JOBS_JOB" in s)
+
+
+def test_the_detail_shows_the_traceback_escaped(staff: Client, failed_job: Job) -> None:
+    html = staff.get(f"{LIST}{failed_job.pk}/change/").content.decode()
+
+    assert "<script>alert" not in html
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
+    assert "<details><summary>Attempt 1 (" in html
+    assert "): PermanentJobError: cannot handle &lt;script&gt;" in html
+    assert "Traceback (most recent call last)" in html
+    assert "&quot;args&quot;" in html  # arguments pretty-printed as JSON
+
+
+def test_retry_re_enqueues_a_failed_job_that_then_succeeds(
+    staff: Client, failed_job: Job, broker: dramatiq.Broker
+) -> None:
+    switch["broken"] = False
+    assert queues.queue_stats(QUEUE).dead == 1
+
+    response = action(staff, "retry_selected", [failed_job])
+    assert "Retried 1 job(s)." in response.content.decode()
+    run_queue(broker)
+
+    retry = Job.objects.get(retry_of__message_id=failed_job.message_id)
+    assert retry.state == "succeeded"
+    assert retry.args == failed_job.args
+    assert queues.queue_stats(QUEUE).dead == 0
+    detail = staff.get(f"{LIST}{failed_job.pk}/change/").content.decode()
+    assert f'retried as <a href="/admin/jobs/job/?q={retry.message_id}"' in detail
+
+
+def test_cancel_skips_waiting_jobs(staff: Client, broker: dramatiq.Broker) -> None:
+    message = fragile.send("queued")
+    ledger.flush()
+    job = Job.objects.get(message_id=message.message_id)
+
+    action(staff, "cancel_selected", [job])
+    switch["broken"] = True
+    run_queue(broker)
+
+    job.refresh_from_db()
+    assert (job.state, job.skip_reason) == ("skipped", "cancelled")
+    assert job.attempts == 0  # it never ran
+
+
+def test_delete_asks_first_then_deletes_in_batches(staff: Client, failed_job: Job) -> None:
+    confirm = action(staff, "delete_selected_in_batches", [failed_job])
+    assert "Delete <strong>1</strong> job record(s)" in confirm.content.decode()
+    assert Job.objects.filter(pk=failed_job.pk).exists()
+
+    action(staff, "delete_selected_in_batches", [failed_job], confirmed="yes")
+    assert not Job.objects.filter(pk=failed_job.pk).exists()
+
+
+def test_the_dashboard_shows_queues_states_and_actors(staff: Client, failed_job: Job) -> None:
+    fragile.send("waiting")
+    html = staff.get("/admin/jobs/job/dashboard/").content.decode()
+
+    assert 'id="queues"' in html
+    assert f">{QUEUE}</a>" in html
+    assert "fragile" in html
+    assert "100%" in html  # failure rate of the one finished job
+
+
+def test_pause_and_resume_from_the_dashboard(staff: Client) -> None:
+    fragile.send("x")
+    staff.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
+    assert queues.queue_stats(QUEUE).paused
+    assert "paused" in staff.get("/admin/jobs/job/dashboard/").content.decode()
+
+    staff.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/resume/")
+    assert not queues.queue_stats(QUEUE).paused
+
+
+def test_non_staff_get_no_access(client: Client, failed_job: Job) -> None:
+    User.objects.create_user("joe", "joe@example.com", "pw")
+    client.login(username="joe", password="pw")
+
+    for url in (LIST, f"{LIST}{failed_job.pk}/change/", "/admin/jobs/job/dashboard/"):
+        response = client.get(url)
+        assert response.status_code == 302
+        assert "/admin/login/" in response["Location"]
+    client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
+    assert not queues.queue_stats(QUEUE).paused
+
+
+@pytest.mark.parametrize(
+    ("permission", "allowed"),
+    [
+        ("retry_job", "retry_selected"),
+        ("cancel_job", "cancel_selected"),
+        ("delete_job", "delete_selected_in_batches"),
+    ],
+)
+def test_each_action_needs_its_own_permission(
+    client: Client, permission: str, allowed: str
+) -> None:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_job", permission]))
+    client.login(username="op", password="pw")
+
+    html = client.get(LIST).content.decode()
+
+    offered = {"retry_selected", "cancel_selected", "delete_selected_in_batches"}
+    for name in offered:
+        assert (f'value="{name}"' in html) == (name == allowed), name
+
+
+def test_pause_and_run_now_need_their_permissions(client: Client) -> None:
+    user = User.objects.create_user("op", "op@example.com", "pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.login(username="op", password="pw")
+    assert client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/").status_code == 403
+    assert client.post("/admin/jobs/job/schedules/watchdog/run/").status_code == 403
+
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["pause_queue", "run_periodic"])
+    )
+    client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
+    client.post("/admin/jobs/job/schedules/watchdog/run/")
+    assert queues.queue_stats(QUEUE).paused
+    assert queues.queue_stats("periodic").waiting == 1
+
+
+def test_staff_without_permissions_cannot_act(client: Client, failed_job: Job) -> None:
+    user = User.objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.login(username="viewer", password="pw")
+
+    assert client.get(LIST).status_code == 200
+    assert "retry_selected" not in client.get(LIST).content.decode()
+    action(client, "retry_selected", [failed_job])  # the action is not offered: ignored
+    assert not Job.objects.filter(retry_of__message_id=failed_job.message_id).exists()
+    response = client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
+    assert response.status_code == 403
+    assert not queues.queue_stats(QUEUE).paused

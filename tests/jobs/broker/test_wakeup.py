@@ -1,0 +1,167 @@
+"""Instant wake-up (jobs.broker.wakeup.WakeupRedisBroker) against real Redis and real workers.
+
+Each test builds its own brokers in a private namespace (the project broker is
+built once at start-up), with Dramatiq's default worker timeout of 1 s: the
+timeout that makes the stock consumer slow to notice a new message.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+from django.conf import settings
+from dramatiq.brokers.redis import _RedisConsumer
+
+from jobs.broker.wakeup import WAKE_LIST_MAX, WakeupRedisBroker, wake_key
+
+
+class Probe:
+    """A broker with one actor that notes when (and which) job started."""
+
+    def __init__(self, namespace: str, *, instant_wakeup: bool = True) -> None:
+        self.broker = WakeupRedisBroker(
+            url=settings.BROKER_REDIS_URL, namespace=namespace, instant_wakeup=instant_wakeup
+        )
+        self.seen: list[int] = []
+        self.started: dict[int, float] = {}
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+
+        def probe(number: int) -> None:
+            with self._lock:
+                self.seen.append(number)
+                self.started[number] = time.perf_counter()
+            self.event.set()
+
+        self.actor = dramatiq.actor(broker=self.broker, queue_name="wake", max_retries=0)(probe)
+
+    def worker(self) -> dramatiq.Worker:
+        return dramatiq.Worker(self.broker, worker_threads=2, worker_timeout=1000)
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    name = f"wakeup-{uuid.uuid4().hex[:8]}"
+    yield name
+    probe = WakeupRedisBroker(url=settings.BROKER_REDIS_URL, namespace=name)
+    for key in probe.client.scan_iter(match=f"{name}:*"):
+        probe.client.delete(key)
+
+
+def _latencies_ms(probe: Probe, count: int) -> list[float]:
+    """Enqueue->start of ``count`` jobs sent one at a time to an idle worker."""
+    worker = probe.worker()
+    worker.start()
+    try:
+        time.sleep(0.5)  # let the consumer settle into its idle loop
+        latencies = []
+        for number in range(count):
+            # Random gaps land each send at a different point of the stock
+            # consumer's backoff sleep, as real traffic would.
+            time.sleep(random.uniform(0.3, 0.6))
+            probe.event.clear()
+            sent = time.perf_counter()
+            probe.actor.send(number)
+            assert probe.event.wait(5), f"job {number} did not start"
+            latencies.append((probe.started[number] - sent) * 1000)
+        return latencies
+    finally:
+        worker.stop()
+
+
+def test_it_starts_a_job_on_an_idle_worker_within_milliseconds(namespace):
+    # Given an idle worker with wake-up on
+    probe = Probe(namespace)
+    # When jobs are sent one at a time
+    latencies = sorted(_latencies_ms(probe, 15))
+    # Then each starts within a generous bound (the bench has the tight figures)
+    p90 = latencies[int(len(latencies) * 0.9) - 1]
+    assert p90 < 200, latencies
+
+
+def test_it_is_the_stock_polling_consumer_when_turned_off(namespace):
+    # Given the same broker with wake-up off
+    probe = Probe(namespace, instant_wakeup=False)
+    assert probe.broker.consumer_class is _RedisConsumer
+    # When jobs are sent one at a time to an idle worker
+    latencies = _latencies_ms(probe, 8)
+    # Then they wait for the consumer's backoff sleep (the slowness wake-up removes)
+    assert statistics.median(latencies) > 50, latencies
+    # and no wake-up token was ever written
+    assert not probe.broker.client.exists(wake_key(namespace, "wake"))
+
+
+def test_it_keeps_the_wake_list_bounded_and_expiring(namespace):
+    # Given no worker at all
+    probe = Probe(namespace)
+    # When many jobs are enqueued
+    for number in range(WAKE_LIST_MAX * 3):
+        probe.actor.send(number)
+    # Then the wake list stays small and goes away by itself
+    key = wake_key(namespace, "wake")
+    assert probe.broker.client.llen(key) == WAKE_LIST_MAX
+    assert 0 < probe.broker.client.pttl(key) <= 60_000
+
+
+def test_it_runs_delayed_jobs_when_due(namespace):
+    # Given an idle worker
+    probe = Probe(namespace)
+    worker = probe.worker()
+    worker.start()
+    try:
+        time.sleep(0.3)
+        # When a job is sent with a delay
+        sent = time.perf_counter()
+        probe.actor.send_with_options(args=(7,), delay=300)
+        # Then it runs once, after its delay and not much later
+        assert probe.event.wait(5)
+        waited_ms = (probe.started[7] - sent) * 1000
+        assert 300 <= waited_ms < 800, waited_ms
+    finally:
+        worker.stop()
+    assert probe.seen == [7]
+
+
+def test_it_loses_and_duplicates_nothing_while_workers_come_and_go(namespace):
+    # Given two workers, each with its own broker (as two processes would have)
+    probes = [Probe(namespace) for _ in range(4)]
+    seen: list[int] = []
+    for probe in probes:
+        probe.seen = seen  # one record across all "processes"
+    workers = [probes[0].worker(), probes[1].worker()]
+    for worker in workers:
+        worker.start()
+
+    # When 1,000 jobs are sent while workers stop and new ones start
+    def send_all() -> None:
+        for number in range(1000):
+            probes[0].actor.send(number)
+            if number % 50 == 0:
+                time.sleep(0.02)
+
+    sender = threading.Thread(target=send_all)
+    sender.start()
+    for index in (2, 3):
+        time.sleep(0.1)
+        workers.pop(0).stop()  # hands its prefetched messages back
+        workers.append(probes[index].worker())
+        workers[-1].start()
+    sender.join()
+    try:
+        probes[0].broker.join("wake", timeout=20_000)
+    finally:
+        for worker in workers:
+            worker.stop()
+
+    # Then every job ran exactly once
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(1000))
+    assert [n for n, c in counts.items() if c > 1] == []

@@ -1,0 +1,106 @@
+"""Deduplicated enqueue through the real broker and an in-process worker."""
+
+from __future__ import annotations
+
+import threading
+
+import dramatiq
+import pytest
+
+from jobs.broker import redis_broker
+from jobs.consistency.dedup import redis_key, send_unique
+from jobs.errors import PermanentJobError
+from jobs.middleware.dedup import Dedup
+from tests.conftest import AttemptRecorder, join, queued_messages
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("dedup_middleware")]
+
+running = threading.Event()
+proceed = threading.Event()
+key_held_during_attempts: list[bool] = []
+
+
+@dramatiq.actor(queue_name="dedup-tests")
+def blocking_job(key: str) -> None:
+    running.set()
+    assert proceed.wait(10)
+
+
+@dramatiq.actor(queue_name="dedup-tests", max_retries=3)
+def flaky_job(key: str, failures: int) -> None:
+    key_held_during_attempts.append(bool(redis_broker().client.exists(redis_key(key))))
+    if len(key_held_during_attempts) <= failures:
+        raise ConnectionError("transient")
+
+
+@dramatiq.actor(queue_name="dedup-tests")
+def doomed_job(key: str) -> None:
+    raise PermanentJobError("bad payload")
+
+
+def test_a_second_send_while_the_first_waits_enqueues_nothing() -> None:
+    first = send_unique(blocking_job, "report:1", "report:1")
+    second = send_unique(blocking_job, "report:1", "report:1")
+    other = send_unique(blocking_job, "report:2", "report:2")
+
+    assert first is not None
+    assert second is None
+    assert other is not None
+    assert len(queued_messages("dedup-tests")) == 2
+
+
+def test_a_second_send_while_the_first_runs_enqueues_nothing_then_after_it_enqueues_again(
+    worker: dramatiq.Worker,
+) -> None:
+    running.clear()
+    proceed.clear()
+    assert send_unique(blocking_job, "report:run", "report:run") is not None
+    assert running.wait(5)
+
+    assert send_unique(blocking_job, "report:run", "report:run") is None
+
+    proceed.set()
+    join("dedup-tests")
+    assert send_unique(blocking_job, "report:run", "report:run") is not None
+    join("dedup-tests")
+
+
+def test_the_key_stays_claimed_between_retries_and_is_freed_after_success(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
+    key_held_during_attempts.clear()
+
+    send_unique(flaky_job, "flaky", "flaky", 2)
+    join("dedup-tests")
+
+    assert len(attempts.attempts) == 3
+    assert key_held_during_attempts == [True, True, True]
+    assert send_unique(flaky_job, "flaky", "flaky", 0) is not None
+
+
+def test_retries_exhausted_and_permanent_failures_free_the_key(worker: dramatiq.Worker) -> None:
+    key_held_during_attempts.clear()
+
+    send_unique(flaky_job, "exhausted", "exhausted", 99)
+    send_unique(doomed_job, "doomed", "doomed")
+    join("dedup-tests")
+
+    assert len(key_held_during_attempts) == 4
+    client = redis_broker().client
+    assert not client.exists(redis_key("exhausted"))
+    assert not client.exists(redis_key("doomed"))
+
+
+def test_without_the_middleware_the_key_is_never_freed(
+    worker: dramatiq.Worker, dedup_middleware: Dedup, broker: dramatiq.Broker
+) -> None:
+    position = broker.middleware.index(dedup_middleware)
+    broker.middleware.remove(dedup_middleware)
+    try:
+        running.clear()
+        proceed.set()
+        send_unique(blocking_job, "orphan", "orphan")
+        join("dedup-tests")
+        assert send_unique(blocking_job, "orphan", "orphan") is None
+    finally:
+        broker.middleware.insert(position, dedup_middleware)

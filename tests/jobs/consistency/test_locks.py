@@ -1,0 +1,224 @@
+"""Redis locks against a real Redis, real processes and a real in-process worker."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dramatiq
+import pytest
+from django.contrib.auth.models import User
+from django_redis import get_redis_connection
+
+from jobs.checks import check_lock_ttls
+from jobs.consistency.locks import LockLost, LockNotAcquired, holds_lock, redis_lock, stats
+from jobs.errors import TransientJobError
+from tests.conftest import AttemptRecorder, join
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def run_helper(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.jobs.consistency.lock_helper", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def count_with_processes(env: dict[str, str], *, locked: bool) -> int:
+    user = User.objects.create_user(f"counter-{locked}", last_name="0")
+    processes = [
+        run_helper(env, "increment", str(user.pk), "200", "1" if locked else "0") for _ in range(8)
+    ]
+    for process in processes:
+        _, stderr = process.communicate(timeout=90)
+        assert process.returncode == 0, stderr
+    user.refresh_from_db()
+    return int(user.last_name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_serialises_8_processes_x_200_increments_and_loses_updates_without_it(
+    subprocess_env: dict[str, str],
+) -> None:
+    # Given 8 processes doing read-modify-write on one row, 200 times each
+    # When they do it without the lock, then under the lock
+    unlocked = count_with_processes(subprocess_env, locked=False)
+    locked = count_with_processes(subprocess_env, locked=True)
+
+    # Then without it updates are lost; with it every increment counts
+    assert unlocked < 1600
+    assert locked == 1600
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_holders_lock_expires_after_one_ttl(subprocess_env: dict[str, str]) -> None:
+    # Given a process holding a renewed lock with a 500 ms TTL
+    holder = run_helper(subprocess_env, "hold", "report:killed", "0.5")
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        # Renewal keeps it: a wait longer than the TTL does not get it
+        with pytest.raises(LockNotAcquired), redis_lock("report:killed", ttl=1, wait=0.8):
+            pass
+    finally:
+        holder.kill()  # SIGKILL: no release, no more renewals
+        holder.wait()
+    killed_at = time.monotonic()
+
+    # When another process asks for it, it gets it within about one TTL
+    with redis_lock("report:killed", ttl=1, wait=3) as lock:
+        proceeded_after = time.monotonic() - killed_at
+    assert proceeded_after <= 0.5 + 0.25
+    assert lock.waited > 0
+
+
+def test_a_stale_holder_is_rejected_by_the_fencing_check() -> None:
+    # Given holder A whose lock expired and holder B who took it since
+    client = get_redis_connection("default")
+    with pytest.raises(LockLost), redis_lock("report:fenced", ttl=0.3, renew=False) as first:  # noqa: PT012
+        time.sleep(0.4)
+        with redis_lock("report:fenced", ttl=5, wait=0) as second:
+            assert second.fencing_token > first.fencing_token
+            # When both write with their fencing tokens
+            assert second.fenced_set("report:fenced:body", "from B")
+            assert not first.fenced_set("report:fenced:body", "from A")
+        with pytest.raises(LockLost):
+            first.check()
+
+    # Then only the current holder's write stands
+    assert client.get("report:fenced:body") == b"from B"
+
+
+def test_renewal_keeps_a_lock_for_three_times_its_ttl_and_without_it_the_lock_is_lost() -> None:
+    def others_got_it(name: str, until: float) -> bool:
+        while time.monotonic() < until:
+            try:
+                with redis_lock(name, ttl=1, wait=0.05):
+                    return True
+            except LockNotAcquired:
+                pass
+        return False
+
+    # Given a block running 3x a 300 ms TTL, with renewal
+    with redis_lock("renewed", ttl=0.3) as lock:
+        stolen = others_got_it("renewed", time.monotonic() + 0.9)
+        lock.check()
+    # Then nobody else got it and leaving the block is fine
+    assert not stolen
+
+    # And without renewal the same block loses it, and is told so
+    with pytest.raises(LockLost), redis_lock("unrenewed", ttl=0.3, renew=False):
+        assert others_got_it("unrenewed", time.monotonic() + 0.9)
+
+
+def test_a_lock_lost_while_held_raises_from_check_and_from_the_block() -> None:
+    lost_before = stats.snapshot()["lost"]
+    with pytest.raises(LockLost), redis_lock("vanishing", ttl=0.3) as lock:  # noqa: PT012
+        # When the key vanishes under us (expired during a pause, flushed, taken)
+        get_redis_connection("default").delete(lock.key)
+        deadline = time.monotonic() + 1
+        while not lock.lost and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Then the watchdog noticed and the holder learns it
+        with pytest.raises(LockLost):
+            lock.check()
+    assert stats.snapshot()["lost"] == lost_before + 1
+
+
+def test_it_releases_only_its_own_lock() -> None:
+    client = get_redis_connection("default")
+    with pytest.raises(LockLost), redis_lock("shared", ttl=0.2, renew=False) as lock:  # noqa: PT012
+        time.sleep(0.3)
+        client.set(lock.key, "someone-else", px=5000)
+    # The stale holder's release did not delete the new holder's key
+    assert client.get(lock.key) == b"someone-else"
+
+
+def test_an_acquire_timeout_raises_a_transient_error_and_records_the_wait() -> None:
+    timeouts_before = stats.snapshot()["timeouts"]
+    with redis_lock("busy", ttl=5):
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired) as raised, redis_lock("busy", wait=0.2):
+            pass
+        assert 0.2 <= time.monotonic() - started < 0.5
+    assert isinstance(raised.value, TransientJobError)
+    assert stats.snapshot()["timeouts"] == timeouts_before + 1
+
+
+locked_runs: list[str] = []
+
+
+@dramatiq.actor(queue_name="lock-tests", max_retries=5)
+def locked_job(name: str) -> None:
+    with redis_lock(name, ttl=5, wait=0.3):
+        locked_runs.append(name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_actor_that_cannot_get_the_lock_is_retried(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
+    locked_runs.clear()
+    # Given the lock held elsewhere for longer than the actor's 0.3 s wait
+    with redis_lock("job-lock", ttl=5):
+        locked_job.send("job-lock")
+        time.sleep(0.6)
+    join("lock-tests")
+
+    # Then the first attempt failed with LockNotAcquired and a retry ran it
+    assert isinstance(attempts.attempts[0][2], LockNotAcquired)
+    assert attempts.attempts[-1][2] is None
+    assert locked_runs == ["job-lock"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_wait_is_logged_with_the_lock_name_and_message_id(
+    worker: dramatiq.Worker, caplog: pytest.LogCaptureFixture, settings
+) -> None:
+    settings.JOBS_LOCK_WAIT_WARNING_MS = 50
+    caplog.set_level(logging.WARNING, logger="jobs.consistency.locks")
+    # Given the lock held for 0.2 s, within the actor's wait
+    with redis_lock("slow-lock", ttl=5):
+        message = locked_job.send("slow-lock")
+        time.sleep(0.2)
+    join("lock-tests")
+
+    waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Waited")]
+    assert len(waits) == 1
+    assert "slow-lock" in waits[0]
+    assert message.message_id in waits[0]
+
+
+def test_the_system_check_warns_when_a_time_limit_outlives_an_unrenewed_lock() -> None:
+    @dramatiq.actor(queue_name="lock-tests", time_limit=120_000)
+    @holds_lock("nightly:{0}", ttl=60, renew=False)
+    def outlives_its_lock(day: str) -> None:
+        pass
+
+    @dramatiq.actor(queue_name="lock-tests", time_limit=120_000)
+    @holds_lock("renewed:{0}", ttl=60)
+    def renews_its_lock(day: str) -> None:
+        pass
+
+    warnings = [w for w in check_lock_ttls() if w.id == "jobs.W001"]
+
+    assert [w.obj for w in warnings] == ["outlives_its_lock"]
+    assert "nightly:{0}" in warnings[0].msg
+
+
+def test_holds_lock_runs_the_function_under_the_named_lock() -> None:
+    @holds_lock("report:{0}", ttl=5, wait=0)
+    def report(day: str) -> str:
+        with pytest.raises(LockNotAcquired), redis_lock(f"report:{day}", wait=0):
+            pass
+        return day
+
+    assert report("2026-11-29") == "2026-11-29"

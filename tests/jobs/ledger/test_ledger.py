@@ -1,0 +1,235 @@
+"""Every state path leaves the right ledger record: real Redis, in-process worker."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import dramatiq
+import pytest
+from django.db import connection
+
+from jobs.broker import queues
+from jobs.errors import PermanentJobError
+from jobs.ledger import writer as ledger
+from jobs.models import Job, JobAttempt
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "ledger-test"
+calls: Counter[str] = Counter()
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def succeed(value: int, password: str = "") -> None:
+    calls["succeed"] += 1
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def fail_times(key: str, failures: int) -> None:
+    calls[key] += 1
+    if calls[key] <= failures:
+        raise ConnectionError(f"transient failure {calls[key]}")
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def fail_permanently() -> None:
+    raise PermanentJobError("bad payload <script>alert(1)</script>")
+
+
+@dramatiq.actor(queue_name=QUEUE, time_limit=200, max_retries=0)
+def sleep_too_long() -> None:
+    # Short sleeps: the time limit is raised asynchronously between bytecodes.
+    for _ in range(100):
+        time.sleep(0.05)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_age=1)
+def short_lived() -> None:
+    calls["short_lived"] += 1
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls() -> None:
+    calls.clear()
+
+
+def job_of(message: dramatiq.Message[Any]) -> Job:
+    ledger.flush()
+    return Job.objects.get(message_id=message.message_id)
+
+
+def run(message: dramatiq.Message[Any], broker: dramatiq.Broker) -> Job:
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join(QUEUE)
+    finally:
+        worker.stop()
+    return job_of(message)
+
+
+def test_a_sent_message_is_recorded_as_enqueued_with_redacted_arguments() -> None:
+    message = succeed.send(41, password="hunter2")
+
+    job = job_of(message)
+    assert job.state == "enqueued"
+    assert (job.actor_name, job.queue_name) == ("succeed", QUEUE)
+    assert job.args == [41]
+    assert job.kwargs == {"password": "[redacted]"}
+    assert job.max_attempts == 3
+    assert job.attempts == 0
+
+
+def test_a_delayed_message_is_recorded_as_delayed() -> None:
+    message = succeed.send_with_options(args=(1,), delay=60_000)
+
+    job = job_of(message)
+    assert job.state == "delayed"
+    assert job.next_retry_at is not None
+    assert job.queue_name == QUEUE
+
+
+def test_success_records_timings_and_the_worker(broker: dramatiq.Broker) -> None:
+    message = succeed.send(1)
+
+    job = run(message, broker)
+
+    assert job.state == "succeeded"
+    assert job.attempts == 1
+    assert job.started_at is not None
+    assert job.finished_at is not None
+    assert job.enqueued_at <= job.started_at <= job.finished_at
+    assert job.duration_ms is not None
+    assert job.worker_pid is not None
+    assert job.worker_host
+    assert job.error_type == ""
+    assert not JobAttempt.objects.exists()
+
+
+def test_a_transient_failure_then_success_keeps_the_failed_attempt(broker: dramatiq.Broker) -> None:
+    message = fail_times.send("once", 1)
+
+    job = run(message, broker)
+
+    assert job.state == "succeeded"
+    assert job.attempts == 2
+    [attempt] = JobAttempt.objects.filter(job=job)
+    assert attempt.number == 1
+    assert attempt.error_type == "ConnectionError"
+    assert "transient failure 1" in attempt.traceback
+
+
+def test_exhausted_retries_fail_the_job_with_every_attempt(broker: dramatiq.Broker) -> None:
+    message = fail_times.send("always", 99)
+
+    job = run(message, broker)
+
+    assert job.state == "failed"
+    assert job.attempts == 3
+    assert job.error_type == "ConnectionError"
+    assert job.error_message == "transient failure 3"
+    numbers = list(JobAttempt.objects.filter(job=job).values_list("number", "error_message"))
+    assert numbers == [(n, f"transient failure {n}") for n in (1, 2, 3)]
+
+
+def test_a_permanent_failure_is_failed_after_one_attempt(broker: dramatiq.Broker) -> None:
+    message = fail_permanently.send()
+
+    job = run(message, broker)
+
+    assert job.state == "failed"
+    assert job.attempts == 1
+    assert job.error_type == "PermanentJobError"
+    assert "Traceback" in job.traceback
+    assert JobAttempt.objects.filter(job=job).count() == 1
+
+
+def test_a_time_limit_fails_the_job(booted_broker: dramatiq.Broker) -> None:
+    message = sleep_too_long.send()
+
+    job = run(message, booted_broker)
+
+    assert job.state == "failed"
+    assert job.error_type == "TimeLimitExceeded"
+    assert job.duration_ms is not None
+    assert job.duration_ms < 4000  # stopped early; TimeLimit checks once a second
+
+
+def test_an_expired_message_is_skipped_and_never_runs(broker: dramatiq.Broker) -> None:
+    message = short_lived.send()
+    time.sleep(0.05)  # older than its max_age of 1 ms
+
+    job = run(message, broker)
+
+    assert job.state == "skipped"
+    assert job.skip_reason == "age limit"
+    assert calls["short_lived"] == 0
+
+
+def test_a_cancelled_message_is_skipped_and_never_runs(broker: dramatiq.Broker) -> None:
+    message = succeed.send(1)
+    queues.cancel([message.message_id])
+
+    job = run(message, broker)
+
+    assert job.state == "skipped"
+    assert job.skip_reason == "cancelled"
+    assert calls["succeed"] == 0
+
+
+def test_a_paused_queue_holds_its_jobs_until_resumed(broker: dramatiq.Broker) -> None:
+    queues.pause(QUEUE)
+    message = succeed.send(1)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        time.sleep(0.5)
+        assert calls["succeed"] == 0
+        assert job_of(message).state == "enqueued"
+        assert queues.queue_stats(QUEUE).paused
+
+        queues.resume(QUEUE)
+        join(QUEUE)
+    finally:
+        worker.stop()
+    assert calls["succeed"] == 1
+    assert job_of(message).state == "succeeded"
+
+
+def test_a_ledger_write_failure_never_breaks_the_job(broker: dramatiq.Broker, caplog) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE jobs_job RENAME TO jobs_job_away")
+    try:
+        message = succeed.send(7)
+        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+        worker.start()
+        join(QUEUE)
+        worker.stop()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobs_job_away RENAME TO jobs_job")
+
+    assert calls["succeed"] == 1
+    assert "Job ledger write failed" in caplog.text
+    assert not Job.objects.filter(message_id=message.message_id).exists()
+
+
+def test_batched_writes_record_the_same_states_with_fewer_statements(
+    broker: dramatiq.Broker, settings
+) -> None:
+    settings.JOBS_LEDGER_FLUSH_MS = 50
+    before = ledger.stats.statements
+    messages = [succeed.send(n) for n in range(50)] + [fail_permanently.send()]
+
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    join(QUEUE)
+    worker.stop()
+    assert ledger.flush()
+
+    states = Counter(job_of(m).state for m in messages)
+    assert states == {"succeeded": 50, "failed": 1}
+    statements_per_job = (ledger.stats.statements - before) / len(messages)
+    assert statements_per_job < 6  # three events of two statements each, unbatched

@@ -1,0 +1,116 @@
+"""/metrics after real jobs through a real worker, and the toolkit's figures."""
+
+from __future__ import annotations
+
+import re
+
+import dramatiq
+import pytest
+from django.test import Client
+from django_redis import get_redis_connection
+
+from jobs.consistency.cache import cached
+from jobs.consistency.locks import redis_lock
+from tests.conftest import join
+from tests.jobs.ledger.test_ledger import QUEUE, calls, fail_permanently, fail_times, succeed
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def scrape(client: Client) -> str:
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer test-token")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return response.content.decode()
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    """The sample ``name{labels}`` (labels in any order), 0 when absent."""
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(match.group(3))
+    return 0.0
+
+
+@pytest.fixture(autouse=True)
+def _token(settings) -> None:
+    settings.METRICS_TOKEN = "test-token"
+
+
+def test_metrics_count_success_retry_and_failure_with_duration_buckets(
+    client: Client, broker: dramatiq.Broker
+) -> None:
+    calls.clear()
+    before = scrape(client)
+
+    succeed.send(1)
+    fail_times.send("metrics", 1)  # fails once, then succeeds
+    fail_permanently.send()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    join(QUEUE)
+    worker.stop()
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("jobs_processed_total", actor="succeed", outcome="succeeded") == 1
+    assert delta("jobs_processed_total", actor="fail_times", outcome="retried") == 1
+    assert delta("jobs_processed_total", actor="fail_times", outcome="succeeded") == 1
+    assert delta("jobs_processed_total", actor="fail_permanently", outcome="failed") == 1
+    assert delta("jobs_retries_total", actor="fail_times", queue=QUEUE) == 1
+    assert delta("jobs_duration_seconds_count", actor="fail_times") == 2
+    assert delta("jobs_duration_seconds_bucket", actor="succeed", le="+Inf") == 1
+    assert delta("jobs_enqueued_total", actor="succeed", queue=QUEUE) == 1
+    assert value(after, "jobs_in_progress", actor="succeed") == 0
+
+
+def test_queue_depth_is_read_from_redis(client: Client) -> None:
+    for n in range(3):
+        succeed.send(n)
+    text = scrape(client)
+    assert value(text, "jobs_queue_waiting", queue=QUEUE) == 3
+    assert value(text, "jobs_queue_oldest_age_seconds", queue=QUEUE) >= 0
+    assert "jobs_queue_dead" in text
+
+
+def test_cache_and_lock_metrics_move_when_the_toolkit_is_used(client: Client) -> None:
+    before = scrape(client)
+
+    cached("metrics-test", "k", lambda: 1)
+    cached("metrics-test", "k", lambda: 1)
+    get_redis_connection("default").set("lock:metrics-busy", "someone", px=300)
+    with redis_lock("metrics-busy", ttl=5, wait=2):
+        pass
+    after = scrape(client)
+
+    assert value(after, "jobs_cache_hits_total", namespace="metrics-test") == 1
+    assert value(after, "jobs_cache_misses_total", namespace="metrics-test") == 1
+    waits = value(after, "jobs_lock_wait_seconds_count") - value(
+        before, "jobs_lock_wait_seconds_count"
+    )
+    waited = value(after, "jobs_lock_wait_seconds_sum") - value(
+        before, "jobs_lock_wait_seconds_sum"
+    )
+    assert waits == 1
+    assert waited >= 0.2  # it waited for the other holder's 300 ms lock
+
+
+def test_metrics_are_refused_without_the_token_outside_debug(client: Client, settings) -> None:
+    settings.DEBUG = False
+    assert client.get("/metrics").status_code == 403
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.0/8"]
+    assert client.get("/metrics").status_code == 200
+
+
+def test_metrics_are_open_on_loopback_in_debug(client: Client, settings) -> None:
+    settings.DEBUG = True
+    settings.METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 200
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
