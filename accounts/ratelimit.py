@@ -27,7 +27,11 @@ class Verdict:
 
 
 def _key(kind: str, value: str, window: int) -> str:
-    digest = hashlib.sha256(value.strip().lower().encode()).hexdigest()[:32]
+    # surrogatepass: the limiter runs before validation, so it sees hostile text
+    # too (a JSON "\ud800" is a lone surrogate, which plain UTF-8 refuses); any
+    # string must hash, and the form then rejects it with a field error.
+    digest = hashlib.sha256(value.strip().lower().encode("utf-8", "surrogatepass")).hexdigest()
+    digest = digest[:32]
     return f"ratelimit:signup:{kind}:{digest}:{window}"
 
 

@@ -4,7 +4,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import dramatiq
@@ -14,6 +14,7 @@ from django_redis import get_redis_connection
 from dramatiq.broker import MessageProxy
 
 from jobs.broker import redis_broker
+from jobs.ledger import writer as ledger
 from project.redis_server import RedisServer
 
 
@@ -114,6 +115,25 @@ def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
     worker.start()
     yield worker
     worker.stop(timeout=10_000)
+    # Write what the batch writer still holds now, not into the next test's database.
+    ledger.flush()
+
+
+@pytest.fixture(autouse=True)
+def _in_process_timings(request: pytest.FixtureRequest, settings: Any) -> None:
+    """In-process tests read the ledger and control marks right after a step.
+
+    The shipped values (200 ms ledger batches, 1 s control refresh, 5 s pause
+    recheck) would make each of them wait. They stay in force for the e2e tests
+    (marked ``e2e``: the live server and every worker subprocess run with what
+    ships) and for the tests that set them back (test_ledger's batching,
+    test_control's refresh).
+    """
+    if request.node.get_closest_marker("e2e"):
+        return
+    settings.JOBS_LEDGER_FLUSH_MS = 0
+    settings.JOBS_CONTROL_REFRESH_MS = 0
+    settings.JOBS_PAUSE_RECHECK_MS = 100
 
 
 def join(queue_name: str, *, timeout_ms: int = 15_000) -> None:

@@ -28,12 +28,10 @@ if not os.environ.get("REDIS_URL"):
 # Small backoff so retry tests take a fraction of a second: 200 ms, 400 ms.
 os.environ.setdefault("JOBS_MIN_BACKOFF_MS", "200")
 os.environ.setdefault("JOBS_MAX_BACKOFF_MS", "2000")
-os.environ.setdefault("SIGNUP_RATE_LIMIT", "off")
-# Ledger writes at once, so a test sees them without waiting for a batch.
-os.environ.setdefault("JOBS_LEDGER_FLUSH_MS", "0")
-os.environ.setdefault("JOBS_PAUSE_RECHECK_MS", "100")
-# Read pause/cancel state on every job, so tests need not wait for a refresh.
-os.environ.setdefault("JOBS_CONTROL_REFRESH_MS", "0")
+# Everything else runs with the shipped defaults (signup rate limit on, 200 ms
+# ledger batches, 1 s control refresh), here and in every worker subprocess a
+# test starts from this environment. A test that needs another value sets it
+# for itself (the ``settings`` fixture, or its subprocess's env) and says why.
 TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
 os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
 # A fresh metrics directory per session, shared with worker subprocesses.

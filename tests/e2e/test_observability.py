@@ -17,7 +17,7 @@ from tests.e2e.conftest import free_port
 from tests.jobs.observability.test_metrics import value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-TOKEN = {"METRICS_TOKEN": "e2e-token", "LOG_FORMAT": "json", "SIGNUP_RATE_LIMIT": "off"}
+TOKEN = {"METRICS_TOKEN": "e2e-token", "LOG_FORMAT": "json"}
 
 
 def get(url: str, **headers: str) -> tuple[int, str]:
