@@ -7,7 +7,9 @@
 
 - Acquire is one round trip: ``SET key token NX PX ttl`` and ``INCR`` of the
   lock's fencing counter in one Lua script, so every holder gets a larger
-  ``lock.fencing_token`` than any holder before it. The key holds
+  ``lock.fencing_token`` than any holder before it (a large number: counters
+  start from Redis's clock in microseconds, so one that expired after a week
+  unused starts again above its old tokens). The key holds
   ``<token>@<acquired at, ms>``, so the watchdog sees how long a lock has been
   held however often it was renewed.
 - Release is a Lua compare-and-delete on the token: a worker never deletes a lock
@@ -59,18 +61,34 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 KEY_PREFIX = "lock:"
+# How long a fence counter outlives the last acquisition of its lock: far longer
+# than any lock TTL and any plausible clock step (see _ACQUIRE).
+FENCE_TTL_MS = 7 * 24 * 3600 * 1000
 
-# KEYS: lock key, fence counter. ARGV: token, ttl ms.
+# KEYS: lock key, fence counter. ARGV: token, ttl ms, fence counter ttl ms.
 # Returns {fencing token, acquired at} or 0. The stored value is "<token>@<acquired
 # at>" (Redis clock, ms): renewals keep it, so the watchdog can tell how long a lock
 # has been held, whatever its TTL, with no extra key or round trip.
+# The fence counter expires (one per lock name would otherwise pile up forever, one
+# a day for the daily report's). A new or expired counter starts at Redis's clock in
+# microseconds, so it is still above every token it gave before: those were at most
+# its own start plus one per acquisition, and a lock cannot be taken more than once
+# a microsecond. Its TTL (FENCE_TTL_MS, counted from the last acquisition) is the
+# margin for Redis's clock stepping back.
 _ACQUIRE = LuaScript("""
 local now = redis.call('time')
 local since = now[1] .. string.format('%03d', math.floor(now[2] / 1000))
-if redis.call('set', KEYS[1], ARGV[1] .. '@' .. since, 'NX', 'PX', ARGV[2]) then
-  return {redis.call('incr', KEYS[2]), since}
+if not redis.call('set', KEYS[1], ARGV[1] .. '@' .. since, 'NX', 'PX', ARGV[2]) then
+  return 0
 end
-return 0
+local fence = redis.call('incr', KEYS[2])
+if fence == 1 then
+  local seed = now[1] .. string.format('%06d', now[2])
+  redis.call('set', KEYS[2], seed)
+  fence = tonumber(seed)
+end
+redis.call('pexpire', KEYS[2], ARGV[3])
+return {fence, since}
 """)
 # KEYS: lock key. ARGV: token. 1 if this token held the lock, else 0.
 _RELEASE = LuaScript("""
@@ -292,7 +310,7 @@ def _acquire(
     keys = [KEY_PREFIX + name, f"{KEY_PREFIX}{name}:fence"]
     pause = 0.001
     while True:
-        acquired = _ACQUIRE(client, keys, [token, ttl_ms])
+        acquired = _ACQUIRE(client, keys, [token, ttl_ms, max(FENCE_TTL_MS, 10 * ttl_ms)])
         if acquired:
             fence, since = acquired
             return f"{token}@{since.decode()}", int(fence), attempt - started, attempt
