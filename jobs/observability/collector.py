@@ -53,7 +53,8 @@ class StateCollector(Collector):
         hits = CounterMetricFamily("jobs_cache_hits", "Cache hits", labels=["namespace"])
         misses = CounterMetricFamily("jobs_cache_misses", "Cache misses", labels=["namespace"])
         try:
-            # Registered namespaces at zero until their first read (see declare_known_series).
+            # Registered namespaces at zero until their first read, as actors are in
+            # declare_known_series: a fresh system shows 0, not nothing.
             known = {namespace: {"hits": 0, "misses": 0} for namespace in registered_namespaces()}
             for namespace, counts in sorted({**known, **cache_stats()}.items()):
                 hits.add_metric([namespace], counts["hits"])
