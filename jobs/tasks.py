@@ -41,7 +41,9 @@ def watchdog() -> None:
 # PRUNE_CRON, by default "30 3 * * *": at 03:30 every day.
 @dramatiq.actor(queue_name="periodic", periodic=cron(settings.PRUNE_CRON), time_limit=60 * 60_000)
 def prune_jobs() -> None:
-    prune(
+    """Old ledger rows, sent outbox rows and checkpoints: what ``prunejobs`` deletes."""
+    counts = prune(
         keep_failed=settings.JOBS_KEEP_FAILED,
         keep_succeeded_days=settings.JOBS_KEEP_SUCCEEDED_DAYS,
     )
+    logger.info("Pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items()))

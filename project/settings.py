@@ -331,7 +331,11 @@ if LOG_FORMAT not in ("plain", "json"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"context": {"()": "jobs.observability.logcontext.ContextFilter"}},
+    "filters": {
+        "context": {"()": "jobs.observability.logcontext.ContextFilter"},
+        # Every handler: Dramatiq logs messages with their arguments (passwords too).
+        "redact": {"()": "jobs.observability.logredaction.RedactFilter"},
+    },
     "formatters": {
         "plain": {
             "()": "jobs.observability.logcontext.PlainFormatter",
@@ -344,7 +348,7 @@ LOGGING = {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
-            "filters": ["context"],
+            "filters": ["redact", "context"],
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

@@ -233,6 +233,11 @@ def cache_loader(
     return register
 
 
+def registered_namespaces() -> list[str]:
+    """Namespaces with a loader: known before any read, so their metrics start at zero."""
+    return sorted(_loaders)
+
+
 @dramatiq.actor(queue_name="cache", max_retries=0, time_limit=60_000)
 def warm_cache_key(namespace: str, key: str) -> None:
     registered = _loaders.get(namespace)

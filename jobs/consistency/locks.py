@@ -7,7 +7,11 @@
 
 - Acquire is one round trip: ``SET key token NX PX ttl`` and ``INCR`` of the
   lock's fencing counter in one Lua script, so every holder gets a larger
-  ``lock.fencing_token`` than any holder before it.
+  ``lock.fencing_token`` than any holder before it (a large number: counters
+  start from Redis's clock in microseconds, so one that expired after a week
+  unused starts again above its old tokens). The key holds
+  ``<token>@<acquired at, ms>``, so the watchdog sees how long a lock has been
+  held however often it was renewed.
 - Release is a Lua compare-and-delete on the token: a worker never deletes a lock
   another worker took after its own expired.
 - ``renew=True`` (the default) hands the lock to one watchdog thread per process
@@ -57,13 +61,34 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 KEY_PREFIX = "lock:"
+# How long a fence counter outlives the last acquisition of its lock: far longer
+# than any lock TTL and any plausible clock step (see _ACQUIRE).
+FENCE_TTL_MS = 7 * 24 * 3600 * 1000
 
-# KEYS: lock key, fence counter. ARGV: token, ttl ms. Returns the fencing token or 0.
+# KEYS: lock key, fence counter. ARGV: token, ttl ms, fence counter ttl ms.
+# Returns {fencing token, acquired at} or 0. The stored value is "<token>@<acquired
+# at>" (Redis clock, ms): renewals keep it, so the watchdog can tell how long a lock
+# has been held, whatever its TTL, with no extra key or round trip.
+# The fence counter expires (one per lock name would otherwise pile up forever, one
+# a day for the daily report's). A new or expired counter starts at Redis's clock in
+# microseconds, so it is still above every token it gave before: those were at most
+# its own start plus one per acquisition, and a lock cannot be taken more than once
+# a microsecond. Its TTL (FENCE_TTL_MS, counted from the last acquisition) is the
+# margin for Redis's clock stepping back.
 _ACQUIRE = LuaScript("""
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('incr', KEYS[2])
+local now = redis.call('time')
+local since = now[1] .. string.format('%03d', math.floor(now[2] / 1000))
+if not redis.call('set', KEYS[1], ARGV[1] .. '@' .. since, 'NX', 'PX', ARGV[2]) then
+  return 0
 end
-return 0
+local fence = redis.call('incr', KEYS[2])
+if fence == 1 then
+  local seed = now[1] .. string.format('%06d', now[2])
+  redis.call('set', KEYS[2], seed)
+  fence = tonumber(seed)
+end
+redis.call('pexpire', KEYS[2], ARGV[3])
+return {fence, since}
 """)
 # KEYS: lock key. ARGV: token. 1 if this token held the lock, else 0.
 _RELEASE = LuaScript("""
@@ -196,6 +221,13 @@ class RedisLock:
             logger.warning("Lock %s lost while held (token gone)", self.name)
 
 
+def held_since_ms(value: bytes | str) -> int | None:
+    """When a lock with stored ``value`` was acquired (Redis clock, ms); None if not ours."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    _, at, since = text.rpartition("@")
+    return int(since) if at and since.isdigit() else None
+
+
 def fenced_set(client: Redis, key: str, value: str | bytes | int, fencing_token: int) -> bool:
     """Atomically write ``key`` only if ``fencing_token`` >= the last token that wrote it."""
     return bool(_FENCED_SET(client, [key, f"{key}:fence"], [value, fencing_token]))
@@ -271,16 +303,17 @@ def _wait_warning_seconds() -> float:
 
 def _acquire(
     client: Redis, name: str, token: str, ttl_ms: int, wait: float
-) -> tuple[int, float, float]:
-    """Return (fencing token, seconds waited, monotonic time before the winning SET)."""
+) -> tuple[str, int, float, float]:
+    """Return (stored value, fencing token, seconds waited, monotonic time before the SET)."""
     started = attempt = time.monotonic()
     deadline = started + wait
     keys = [KEY_PREFIX + name, f"{KEY_PREFIX}{name}:fence"]
     pause = 0.001
     while True:
-        fence = int(_ACQUIRE(client, keys, [token, ttl_ms]))
-        if fence:
-            return fence, attempt - started, attempt
+        acquired = _ACQUIRE(client, keys, [token, ttl_ms, max(FENCE_TTL_MS, 10 * ttl_ms)])
+        if acquired:
+            fence, since = acquired
+            return f"{token}@{since.decode()}", int(fence), attempt - started, attempt
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stats.add(timeouts=1)
@@ -315,8 +348,8 @@ def redis_lock(
     """Hold the Redis lock ``name`` for the block; ``ttl`` and ``wait`` in seconds."""
     client = client if client is not None else get_redis_connection("default")
     ttl_ms = max(1, int(ttl * 1000))
-    token = secrets.token_hex(16)
-    fence, waited, sent_at = _acquire(client, name, token, ttl_ms, wait)
+    # The owner token is what the key holds: the random part and the acquisition time.
+    token, fence, waited, sent_at = _acquire(client, name, secrets.token_hex(16), ttl_ms, wait)
     lock = RedisLock(name, token, ttl_ms, fence, waited, client, renew, sent_at + ttl_ms / 1000)
     stats.acquired(waited)
     _log_wait(name, waited)

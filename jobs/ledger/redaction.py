@@ -6,15 +6,32 @@ import re
 from typing import Any
 
 REDACTED = "[redacted]"
-_SECRET_NAME = re.compile(
-    r"pass(word|wd)?|secret|token|api[-_]?key|private[-_]?key|auth|credential|cookie|session|signature",
-    re.IGNORECASE,
+_SECRET_WORDS = (
+    r"pass(?:word|wd)?|secret|token|api[-_]?key|private[-_]?key|auth|credential|cookie|session"
+    r"|signature"
 )
+_SECRET_NAME = re.compile(_SECRET_WORDS, re.IGNORECASE)
 # Values that look like a credential whatever their name: bearer tokens, JWTs,
 # URLs with a password in them.
 _SECRET_VALUE = re.compile(
     r"^(bearer\s+\S+|eyJ[\w-]+\.[\w-]+\.[\w-]+|[a-z][\w+.-]*://[^/\s:@]+:[^/\s@]+@.*)$",
     re.IGNORECASE,
+)
+
+
+# In free text (log lines, tracebacks): a secret-named key and its value, as
+# ``name=value`` (keyword arguments, query strings) or ``'name': value`` (dict and
+# JSON reprs, where the key is quoted, so "tests passed: 3" is left alone).
+_KEY = rf"[\w-]*(?:{_SECRET_WORDS})[\w-]*"
+_VALUE = r"""[bru]?'(?:[^'\\]|\\.)*'|[bru]?"(?:[^"\\]|\\.)*"|[^\s,;&)}\]]+"""
+_SECRET_PAIR = re.compile(
+    rf"""(?P<key>\b{_KEY}\s*=\s*|(?P<q>['"]){_KEY}(?P=q)\s*:\s*)(?P<value>{_VALUE})""",
+    re.IGNORECASE,
+)
+_SECRET_IN_TEXT = (
+    (re.compile(r"(bearer\s+)[\w.~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
+    (re.compile(r"eyJ[\w-]+\.[\w-]+\.[\w-]+"), REDACTED),
+    (re.compile(r"([a-z][\w+.-]*://[^/\s:@]*:)[^/\s@]+@", re.IGNORECASE), rf"\1{REDACTED}@"),
 )
 
 
@@ -39,3 +56,18 @@ def contains_redaction(value: Any) -> bool:
     if isinstance(value, list):
         return any(contains_redaction(item) for item in value)
     return False
+
+
+def _mask_pair(match: re.Match[str]) -> str:
+    value = match.group("value")
+    quote = value.lstrip("bruBRU")[:1]
+    masked = f"{quote}{REDACTED}{quote}" if quote in ("'", '"') else REDACTED
+    return match.group("key") + masked
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the values of secret-named pairs and secret-looking tokens masked."""
+    text = _SECRET_PAIR.sub(_mask_pair, text)
+    for pattern, replacement in _SECRET_IN_TEXT:
+        text = pattern.sub(replacement, text)
+    return text

@@ -3,6 +3,13 @@
 Keeps the newest ``JOBS_KEEP_FAILED`` failed jobs and succeeded or skipped jobs
 younger than ``JOBS_KEEP_SUCCEEDED_DAYS``; deletes the rest in primary-key
 batches so a large backlog never loads into memory or holds one long lock.
+
+The rows that only exist for a job go with the same horizon: outbox rows sent
+before it (pending ones are never deleted: they still have to be sent), and
+checkpoints older than it whose job is no longer kept in the ledger (pruned,
+deleted, or being pruned now). Checkpoints of a job still in the ledger stay,
+whatever their age: a waiting or running job may still resume from them, and the
+admin shows them on a kept job's page.
 """
 
 from __future__ import annotations
@@ -10,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from jobs.ledger import states
-from jobs.models import Job
+from jobs.models import Job, JobCheckpoint, OutboxMessage
 
 Progress = Callable[[str, int, int], None]  # (kind, done, total)
 
@@ -24,6 +32,8 @@ Progress = Callable[[str, int, int], None]  # (kind, done, total)
 class PrunePlan:
     failed: QuerySet[Job]
     finished: QuerySet[Job]
+    outbox: QuerySet[OutboxMessage]
+    checkpoints: QuerySet[JobCheckpoint]
 
 
 def plan(*, keep_failed: int, keep_succeeded_days: int) -> PrunePlan:
@@ -31,22 +41,28 @@ def plan(*, keep_failed: int, keep_succeeded_days: int) -> PrunePlan:
     cutoff = list(
         failed.order_by("-id").values_list("id", flat=True)[keep_failed : keep_failed + 1]
     )
-    old_failed = failed.filter(id__lte=cutoff[0]) if cutoff else failed.none()
+    old_failed_q = Q(state=states.FAILED, id__lte=cutoff[0]) if cutoff else None
     horizon = timezone.now() - timedelta(days=keep_succeeded_days)
-    old_finished = Job.objects.filter(
-        state__in=(states.SUCCEEDED, states.SKIPPED), finished_at__lt=horizon
+    old_finished_q = Q(state__in=(states.SUCCEEDED, states.SKIPPED), finished_at__lt=horizon)
+    pruned_q = old_finished_q | old_failed_q if old_failed_q is not None else old_finished_q
+    # NOT EXISTS on the unique message_id: an anti-join, not a NOT IN list of every job.
+    kept_job = Job.objects.filter(message_id=OuterRef("message_id")).exclude(pruned_q)
+    return PrunePlan(
+        failed=Job.objects.filter(old_failed_q) if old_failed_q is not None else failed.none(),
+        finished=Job.objects.filter(old_finished_q),
+        outbox=OutboxMessage.objects.filter(sent_at__lt=horizon),
+        checkpoints=JobCheckpoint.objects.filter(created_at__lt=horizon).filter(~Exists(kept_job)),
     )
-    return PrunePlan(failed=old_failed, finished=old_finished)
 
 
-def _delete_in_batches(queryset: QuerySet[Job], kind: str, batch: int, progress: Progress) -> int:
+def _delete_in_batches(queryset: QuerySet[Any], kind: str, batch: int, progress: Progress) -> int:
     total = queryset.count()
     done = 0
     while True:
-        ids = list(queryset.order_by("id").values_list("id", flat=True)[:batch])
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:batch])
         if not ids:
             break
-        Job.objects.filter(id__in=ids).delete()
+        queryset.model._default_manager.filter(pk__in=ids).delete()
         done += len(ids)
         progress(kind, done, total)
     return done
@@ -62,11 +78,15 @@ def prune(
 ) -> dict[str, int]:
     """Delete what retention does not keep; return how many rows per kind."""
     todo = plan(keep_failed=keep_failed, keep_succeeded_days=keep_succeeded_days)
+    kinds: dict[str, QuerySet[Any]] = {
+        "failed": todo.failed,
+        "succeeded/skipped": todo.finished,
+        "sent outbox": todo.outbox,
+        "checkpoints": todo.checkpoints,
+    }
     if dry_run:
-        return {"failed": todo.failed.count(), "succeeded/skipped": todo.finished.count()}
+        return {kind: queryset.count() for kind, queryset in kinds.items()}
     return {
-        "failed": _delete_in_batches(todo.failed, "failed", batch, progress),
-        "succeeded/skipped": _delete_in_batches(
-            todo.finished, "succeeded/skipped", batch, progress
-        ),
+        kind: _delete_in_batches(queryset, kind, batch, progress)
+        for kind, queryset in kinds.items()
     }

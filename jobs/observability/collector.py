@@ -15,6 +15,8 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs.observability import metrics
+
 logger = logging.getLogger(__name__)
 
 
@@ -24,7 +26,7 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         from jobs.broker import queues
         from jobs.broker.workers import live_workers
-        from jobs.consistency.cache import cache_stats
+        from jobs.consistency.cache import cache_stats, registered_namespaces
 
         waiting = GaugeMetricFamily("jobs_queue_waiting", "Messages waiting", labels=["queue"])
         delayed = GaugeMetricFamily(
@@ -51,7 +53,10 @@ class StateCollector(Collector):
         hits = CounterMetricFamily("jobs_cache_hits", "Cache hits", labels=["namespace"])
         misses = CounterMetricFamily("jobs_cache_misses", "Cache misses", labels=["namespace"])
         try:
-            for namespace, counts in sorted(cache_stats().items()):
+            # Registered namespaces at zero until their first read, as actors are in
+            # declare_known_series: a fresh system shows 0, not nothing.
+            known = {namespace: {"hits": 0, "misses": 0} for namespace in registered_namespaces()}
+            for namespace, counts in sorted({**known, **cache_stats()}.items()):
                 hits.add_metric([namespace], counts["hits"])
                 misses.add_metric([namespace], counts["misses"])
         except Exception:
@@ -82,3 +87,29 @@ def _stuck_jobs() -> int:
 
     limit = timedelta(milliseconds=settings.JOBS_TIME_LIMIT_MS, seconds=settings.WATCHDOG_GRACE_S)
     return Job.objects.filter(state=states.RUNNING, started_at__lt=timezone.now() - limit).count()
+
+
+_declared: set[tuple[str, str]] = set()
+
+
+def declare_known_series() -> None:
+    """Put every declared actor x its queue in this process's per-actor figures, at zero.
+
+    A labelled series only exists once something touched it, so on a fresh system
+    ``jobs_processed_total{outcome="failed"}`` of an actor that never failed is
+    absent: a dashboard shows nothing rather than 0, and ``rate()`` misses the
+    first failures (a series that starts at 1 has no increase). The web process
+    calls this before each scrape; the sums over processes then include the zeros.
+    """
+    import dramatiq
+    from dramatiq.common import q_name
+
+    for actor in list(dramatiq.get_broker().actors.values()):
+        labels = (actor.actor_name, q_name(actor.queue_name))
+        if labels in _declared:
+            continue
+        for outcome in metrics.OUTCOMES:
+            metrics.JOBS.labels(*labels, outcome)
+        for family in (metrics.RETRIES, metrics.IN_PROGRESS, metrics.DURATION, metrics.ENQUEUED):
+            family.labels(*labels)
+        _declared.add(labels)

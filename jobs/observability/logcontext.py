@@ -121,8 +121,12 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and value is not None:
                 payload[key] = value
-        if record.exc_info:
+        if record.exc_text:  # already formatted (and redacted) by RedactFilter
+            payload["exc_info"] = record.exc_text
+        elif record.exc_info:
             payload["exc_info"] = "".join(traceback.format_exception(*record.exc_info))
+        if record.stack_info:
+            payload["stack_info"] = record.stack_info
         return json.dumps(payload, default=str)
 
 

@@ -35,6 +35,7 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
+OUTCOMES = ("succeeded", "failed", "retried", "skipped")
 JOBS = Counter("jobs_processed_total", "Jobs finished, by outcome", ["actor", "queue", "outcome"])
 RETRIES = Counter("jobs_retries_total", "Failed attempts that will be retried", ["actor", "queue"])
 IN_PROGRESS = Gauge(

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.registry import REGISTRY
 
-from jobs.observability.collector import StateCollector
+from jobs.observability.collector import StateCollector, declare_known_series
 
 
 def _allowed(request: HttpRequest) -> bool:
@@ -40,6 +40,7 @@ def _allowed(request: HttpRequest) -> bool:
 
 
 def registry() -> CollectorRegistry:
+    declare_known_series()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]

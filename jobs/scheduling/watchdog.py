@@ -24,6 +24,7 @@ from django_redis import get_redis_connection
 
 from jobs.broker import queues, redis_broker
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
+from jobs.consistency.locks import held_since_ms
 from jobs.ledger import states
 from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, progress_of
 from jobs.models import Job
@@ -139,23 +140,34 @@ def reconcile_stalled_jobs() -> list[Finding]:
 
 
 def stale_locks() -> list[Finding]:
-    """Locks with no TTL (they would never expire) or held longer than the threshold."""
+    """Locks with no TTL (they would never expire) or held longer than the threshold.
+
+    How long a lock has been held is read from its value (``held_since_ms``), not
+    from its TTL: a holder that keeps renewing has a short TTL however long it has
+    held the lock, and a fresh lock may have a long one.
+    """
     client = get_redis_connection("default")
     findings = []
     max_age_ms = settings.WATCHDOG_LOCK_MAX_AGE_S * 1000
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000  # the clock the lock values were written with
     for raw_key in client.scan_iter(match=f"{LOCK_PREFIX}*", count=500):
         key = raw_key.decode()
         if key.endswith(":fence"):
             continue
         ttl_ms = client.pttl(key)
         holder = client.get(key)
-        holder_text = holder.decode(errors="replace") if holder else None
+        if holder is None:
+            continue  # released since the scan saw it
+        text = holder.decode(errors="replace")
+        # None for a key written by something other than redis_lock: its age is unknown.
+        since_ms = held_since_ms(text)
+        holder_text = text.rpartition("@")[0] if since_ms is not None else text
         if ttl_ms == -1:
             findings.append(Finding("lock_without_ttl", key, {"holder": holder_text}))
-        elif ttl_ms > max_age_ms:
-            findings.append(
-                Finding("lock_held_too_long", key, {"holder": holder_text, "ttl_ms": ttl_ms})
-            )
+        elif since_ms is not None and now_ms - since_ms > max_age_ms:
+            detail = {"holder": holder_text, "held_s": (now_ms - since_ms) // 1000}
+            findings.append(Finding("lock_held_too_long", key, {**detail, "ttl_ms": ttl_ms}))
     return findings
 
 

@@ -11,7 +11,9 @@ from jobs.ledger.retention import prune
 class Command(BaseCommand):
     help = (
         "Delete old job ledger rows: keep the newest JOBS_KEEP_FAILED failed jobs and the "
-        "succeeded/skipped jobs younger than JOBS_KEEP_SUCCEEDED_DAYS. Works in batches."
+        "succeeded/skipped jobs younger than JOBS_KEEP_SUCCEEDED_DAYS; delete outbox rows "
+        "sent before that horizon and older checkpoints of jobs no longer kept. Works in "
+        "batches."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -25,7 +27,8 @@ class Command(BaseCommand):
             "--keep-days",
             type=int,
             default=settings.JOBS_KEEP_SUCCEEDED_DAYS,
-            help="days to keep succeeded and skipped jobs (default: %(default)s)",
+            help="days to keep succeeded and skipped jobs, sent outbox rows and checkpoints "
+            "(default: %(default)s)",
         )
         parser.add_argument(
             "--batch", type=int, default=1000, help="rows per delete (default: %(default)s)"

@@ -97,6 +97,25 @@ def test_a_stale_holder_is_rejected_by_the_fencing_check() -> None:
     assert client.get("report:fenced:body") == b"from B"
 
 
+def test_it_lets_the_fence_counter_expire_and_a_new_counter_still_fences_old_holders() -> None:
+    client = get_redis_connection("default")
+    # Given a holder that wrote with its fencing token
+    with redis_lock("report:daily", ttl=5) as first:
+        assert first.fenced_set("report:daily:body", "first")
+
+    # Then the counter does not stay forever, and outlives any lock by far
+    assert client.pttl("lock:report:daily:fence") > 24 * 3600 * 1000
+
+    # When it expired (a week with nobody taking the lock) and a new holder comes
+    client.delete("lock:report:daily:fence")
+    with redis_lock("report:daily", ttl=5) as second:
+        # Then the new holder's token is still above the old one, so it can write
+        assert second.fencing_token > first.fencing_token
+        assert second.fenced_set("report:daily:body", "second")
+        assert not first.fenced_set("report:daily:body", "stale")
+    assert client.get("report:daily:body") == b"second"
+
+
 def test_renewal_keeps_a_lock_for_three_times_its_ttl_and_without_it_the_lock_is_lost() -> None:
     def others_got_it(name: str, until: float) -> bool:
         while time.monotonic() < until:

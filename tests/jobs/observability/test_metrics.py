@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import dramatiq
 import pytest
@@ -15,6 +19,7 @@ from tests.conftest import join
 from tests.jobs.ledger.test_ledger import QUEUE, calls, fail_permanently, fail_times, succeed
 
 pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def scrape(client: Client) -> str:
@@ -22,6 +27,17 @@ def scrape(client: Client) -> str:
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     return response.content.decode()
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the sample ``name`` with exactly ``labels``; None when absent."""
+    for line in text.splitlines():
+        match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
+        if not match or match.group(1) != name:
+            continue
+        if dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or "")) == labels:
+            return float(match.group(3))
+    return None
 
 
 def value(text: str, name: str, **labels: str) -> float:
@@ -114,3 +130,47 @@ def test_metrics_are_open_on_loopback_in_debug(client: Client, settings) -> None
     settings.METRICS_TOKEN = ""
     assert client.get("/metrics").status_code == 200
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
+
+
+def test_a_fresh_process_serves_known_actors_and_cache_namespaces_at_zero(
+    tmp_path: Path,
+) -> None:
+    # Given a fresh web process with its own empty metrics directory (TEST_TMP_DIR),
+    # in which no job ran and no cache was read
+    script = (
+        "import django; django.setup();"
+        "from django.test.utils import setup_test_environment; setup_test_environment();"
+        "from django.test import Client;"
+        "print(Client().get('/metrics', HTTP_AUTHORIZATION='Bearer fresh').content.decode())"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+        "TEST_TMP_DIR": str(tmp_path),
+        "METRICS_TOKEN": "fresh",
+    }
+    # When it is scraped
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    text = result.stdout
+
+    # Then every declared actor x its queue is there at zero, and the registered cache
+    # namespace too, so rates and alerts on them work from the first event
+    email = {"actor": "send_welcome_email", "queue": "emails"}
+    for outcome in ("succeeded", "failed", "retried", "skipped"):
+        assert sample(text, "jobs_processed_total", **email, outcome=outcome) == 0, outcome
+    assert sample(text, "jobs_retries_total", **email) == 0
+    assert sample(text, "jobs_enqueued_total", **email) == 0
+    assert sample(text, "jobs_in_progress", **email) == 0
+    assert sample(text, "jobs_duration_seconds_count", **email) == 0
+    report = {"actor": "daily_report", "queue": "periodic", "outcome": "failed"}
+    assert sample(text, "jobs_processed_total", **report) == 0
+    assert sample(text, "jobs_cache_hits_total", namespace="user-profile") == 0
+    assert sample(text, "jobs_cache_misses_total", namespace="user-profile") == 0

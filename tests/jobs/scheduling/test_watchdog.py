@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from datetime import timedelta
 
 import pytest
@@ -12,8 +13,9 @@ from django.test import Client
 from django.utils import timezone
 from django_redis import get_redis_connection
 
+from jobs.consistency.locks import redis_lock
 from jobs.models import Job
-from jobs.scheduling.watchdog import HOST, run_watchdog, stuck_queues
+from jobs.scheduling.watchdog import HOST, run_watchdog, stale_locks, stuck_queues
 from tests.conftest import queued_messages
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +69,32 @@ def test_a_lock_without_ttl_is_reported_with_its_holder() -> None:
     assert [(f.kind, f.subject, f.detail["holder"]) for f in findings] == [
         ("lock_without_ttl", "lock:report:forever", "holder-token")
     ]
+
+
+def test_it_reports_a_lock_held_past_the_threshold_however_often_it_was_renewed(settings) -> None:
+    # A 1 s threshold instead of the shipped 15 minutes, so the test need not wait that long.
+    settings.WATCHDOG_LOCK_MAX_AGE_S = 1
+    # Given a holder that keeps renewing a 300 ms lock for longer than the threshold
+    with redis_lock("report:slow", ttl=0.3) as lock:
+        time.sleep(1.3)
+        # When the watchdog looks
+        findings = stale_locks()
+        lock.check()  # renewal kept it: its TTL never exceeded 300 ms
+
+    # Then it is reported, with its holder and how long it has been held
+    assert [(f.kind, f.subject) for f in findings] == [("lock_held_too_long", "lock:report:slow")]
+    assert findings[0].detail["holder"] == lock.token.rpartition("@")[0]
+    assert findings[0].detail["held_s"] >= 1
+
+
+def test_it_does_not_report_a_fresh_lock_with_a_long_ttl() -> None:
+    # Given a lock just taken with a TTL (1 h) above the shipped threshold (15 min)
+    with redis_lock("report:long", ttl=3600, renew=False):
+        # When the watchdog looks
+        findings = stale_locks()
+
+    # Then nothing is wrong: it has been held for no time at all
+    assert findings == []
 
 
 def test_alert_mail_is_rate_limited_to_one_per_incident(caplog) -> None:

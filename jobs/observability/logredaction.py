@@ -1,0 +1,126 @@
+"""No secret-looking job argument reaches a log line.
+
+The ledger redacts arguments, but Dramatiq's worker logs the messages it handles
+with their arguments (``Failed to process message reset(user_id=7,
+password='...')``), and an exception may echo its input. ``RedactFilter`` sits on
+every handler of the ``LOGGING`` config (a filter on a logger would miss the
+records of its children, such as ``dramatiq.worker.WorkerThread``). It applies
+the ledger's rules (``jobs.ledger.redaction``): Dramatiq messages among the
+arguments are rendered with ``redact``; then the final text of the message, the
+traceback and the stack go through ``redact_text``, and extra fields with
+secret-looking names are masked. Both formatters (plain and JSON) print what it
+leaves.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import MessageProxy
+from dramatiq.errors import ActorNotFound
+
+from jobs.ledger.redaction import redact, redact_text
+
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+_FORMATTER = logging.Formatter()
+_ACTOR_CALL = "Received args=%r kwargs=%r."
+# The line after this one in a traceback is source code, left as it is written.
+_FRAME = re.compile(r'^\s*File ".*", line \d+')
+
+
+def _positional_names(actor_name: str, count: int) -> list[str]:
+    """The parameter names of the first ``count`` positional arguments ("" if unknown).
+
+    So ``reset(7, "hunter2")`` is redacted like ``reset(7, password="hunter2")``.
+    """
+    try:
+        fn = inspect.unwrap(dramatiq.get_broker().get_actor(actor_name).fn)
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (ActorNotFound, TypeError, ValueError):
+        return [""] * count
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = [p.name for p in parameters if p.kind == p.VAR_POSITIONAL] or [""]
+    return (names + rest * count)[:count]
+
+
+class _Rendered:
+    """A message shown as Dramatiq shows it (``actor(args, name=value)``), redacted."""
+
+    def __init__(self, message: dramatiq.Message[Any] | MessageProxy) -> None:
+        names = _positional_names(message.actor_name, len(message.args))
+        params = [
+            repr(redact(arg, name=name)) for arg, name in zip(message.args, names, strict=True)
+        ]
+        params += [f"{name}={redact(value, name=name)!r}" for name, value in message.kwargs.items()]
+        self.text = f"{message.actor_name}({', '.join(params)})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+
+def _redact_call(record: logging.LogRecord) -> bool:
+    """Dramatiq's actor logs ``Received args=[...] kwargs={...}`` on its own logger
+    (``<module>.<actor name>``): name the positional arguments by the actor's
+    parameters. True if the record was that line."""
+    args = record.args
+    if record.msg != _ACTOR_CALL or not isinstance(args, tuple) or len(args) != 2:
+        return False
+    positional, keywords = args
+    if not isinstance(positional, (list, tuple)) or not isinstance(keywords, Mapping):
+        return False
+    names = _positional_names(record.name.rpartition(".")[2], len(positional))
+    record.args = (
+        [redact(arg, name=name) for arg, name in zip(positional, names, strict=True)],
+        redact(dict(keywords)),
+    )
+    return True
+
+
+def _redact_arg(arg: Any) -> Any:
+    if isinstance(arg, (dramatiq.Message, MessageProxy)):
+        return _Rendered(arg)
+    if isinstance(arg, (Mapping, list, tuple)):
+        return redact(dict(arg) if isinstance(arg, Mapping) else arg)
+    return arg
+
+
+def _redact_traceback(text: str) -> str:
+    lines = text.split("\n")
+    return "\n".join(
+        line if index and _FRAME.match(lines[index - 1]) else redact_text(line)
+        for index, line in enumerate(lines)
+    )
+
+
+class RedactFilter(logging.Filter):
+    """Masks secrets in a record's arguments, text, traceback and extra fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not _redact_call(record):
+            if isinstance(record.args, Mapping):
+                record.args = {key: _redact_arg(value) for key, value in record.args.items()}
+            elif record.args:
+                record.args = tuple(_redact_arg(arg) for arg in record.args)
+        try:
+            message = record.getMessage()
+        except Exception:
+            return True  # a broken format string: the handler reports it (args redacted above)
+        # Frozen as text, so every handler and formatter prints the redacted line.
+        record.msg, record.args = redact_text(message), ()
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _FORMATTER.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = _redact_traceback(record.exc_text)
+        if record.stack_info:
+            record.stack_info = _redact_traceback(record.stack_info)
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD and isinstance(value, (str, Mapping, list, tuple)):
+                setattr(record, key, redact(value, name=key))
+        return True

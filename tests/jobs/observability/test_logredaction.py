@@ -1,0 +1,63 @@
+"""A failing job's password reaches no log line: real worker, the project's LOGGING."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import logging.config
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+from django.conf import settings
+
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "log-redaction-test"
+SECRET = "hunter2"
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def log_in(user_id: int, password: str) -> None:
+    # An error that echoes its input, as client libraries' errors often do.
+    raise ConnectionRefusedError(f"login refused for {user_id}: password={password!r}")
+
+
+@pytest.fixture(params=["plain", "json"])
+def log_output(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
+    """What the project's console handler writes, in either format, at DEBUG."""
+    stream = io.StringIO()
+    config: dict[str, Any] = copy.deepcopy(settings.LOGGING)
+    config["handlers"]["console"].update(formatter=request.param, stream=stream)
+    config["root"]["level"] = "DEBUG"  # Dramatiq's debug lines show the message too
+    logging.config.dictConfig(config)
+    try:
+        yield stream
+    finally:
+        logging.config.dictConfig(settings.LOGGING)
+
+
+def test_it_keeps_a_failing_jobs_password_out_of_every_log_line(
+    worker: dramatiq.Worker, log_output: io.StringIO
+) -> None:
+    # Given a job sent with a password that fails
+    log_in.send(7, password=SECRET)
+    log_in.send(8, SECRET)  # positional: redacted by its parameter's name all the same
+
+    # When the worker runs it and logs the failure
+    join(QUEUE)
+    worker.join()
+    text = log_output.getvalue()
+
+    # Then the password is nowhere, though the failures were logged with their tracebacks
+    assert SECRET not in text
+    assert "Failed to process message log_in(7, password='[redacted]')" in text
+    assert "Failed to process message log_in(8, '[redacted]')" in text
+    assert "ConnectionRefusedError: login refused for 7: password='[redacted]'" in text
+    if text.lstrip().startswith("{"):
+        failures = [json.loads(line) for line in text.splitlines() if "Failed to process" in line]
+        assert len(failures) == 2
+        assert all("ConnectionRefusedError" in line["exc_info"] for line in failures)
