@@ -50,7 +50,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, every: float = 0.1
 
 def broker_ids(worker: WorkerProcess) -> list[str]:
     """The broker ids of a worker's processes, from their presence keys."""
-    client = redis_broker().client
+    client: Any = redis_broker().client
     host = workers._key().removeprefix(workers.PREFIX).rsplit(":", 1)[0]
     ids = [client.get(f"{workers.PREFIX}{host}:{pid}") for pid in worker.group_pids()]
     return [i.decode() for i in ids if i]
@@ -80,11 +80,11 @@ def test_it_runs_a_job_longer_than_the_heartbeat_timeout_once_on_a_busy_worker(
     peer.wait_for_log(READY)
 
     # When both jobs run to their end, with maintenance forced as the watchdog does
-    wait_until(
-        lambda: queues.force_maintenance() or counter("long-job:busy-b:ends") >= 1,
-        timeout=30,
-        every=0.5,
-    )
+    def both_ended() -> bool:
+        queues.force_maintenance()
+        return counter("long-job:busy-b:ends") >= 1
+
+    wait_until(both_ended, timeout=30, every=0.5)
     time.sleep(1)  # a second start of either would show by now
 
     # Then each started once: the busy worker's heartbeat never lapsed
@@ -159,7 +159,7 @@ class HeartbeatAges(threading.Thread):
         self.killed: set[str] = set()  # their presence keys outlive them by up to 30 s
 
     def run(self) -> None:
-        client = redis_broker().client
+        client: Any = redis_broker().client
         while not self.stopping.wait(0.25):
             live = {v.decode() for v in client.mget(client.keys(f"{workers.PREFIX}*") or []) if v}
             now = time.time() * 1000
