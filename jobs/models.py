@@ -108,8 +108,12 @@ class JobAttempt(models.Model):
 class EffectRecord(models.Model):
     """One side effect (an email, a report) guarded by an idempotency key.
 
-    A row in state ``running`` is a claim with a lease: a retry that finds an
-    expired lease (its worker died mid-effect) may take the claim over.
+    A row in state ``running`` is a claim. ``holder`` is the broker id of the
+    worker process that made it: once that worker's heartbeat is older than the
+    broker's timeout (its messages are being redelivered), a retry takes the
+    claim over at once. A claim without a holder (made outside a worker) waits
+    for its lease to expire instead. ``job_id`` is the message that made the
+    claim: the ledger reads it to tell a job whose effect is done.
     """
 
     class State(models.TextChoices):
@@ -120,6 +124,8 @@ class EffectRecord(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.RUNNING)
     claim_token = models.CharField(max_length=32)
     lease_until = models.DateTimeField()
+    holder = models.CharField(max_length=64, blank=True, default="")
+    job_id = models.CharField(max_length=36, blank=True, default="", db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     done_at = models.DateTimeField(null=True, blank=True)
 

@@ -1,25 +1,74 @@
-"""Worker presence: each worker process refreshes a key with a TTL while alive."""
+"""Worker liveness: one heartbeat thread per worker process.
+
+Dramatiq's Redis broker records a worker's heartbeat (``<ns>:__heartbeats__``,
+a sorted set of broker ids by last-seen time) only as a side effect of the
+commands its consumers send. A process whose consumers are all busy with long
+jobs sends none, so after ``heartbeat_timeout`` it looks dead and its messages
+are handed to other workers while it still runs them (dramatiq issue 692). And
+a dead worker's messages come back only during "maintenance", which the broker
+runs on ~0.1% of commands: minutes at low traffic.
+
+So each worker process runs a ``Heartbeat`` thread that, every
+``beat_interval()`` seconds and whatever its consumers do:
+
+- refreshes the process's broker heartbeat (a ``ZADD`` like dispatch.lua's);
+- refreshes its presence key ``jobs:worker:<host>:<pid>`` (value: broker id);
+- runs the broker's maintenance on every declared queue, so the unacked
+  messages of a worker dead for ``heartbeat_timeout`` are back in their queue
+  within one interval after that, with only workers running.
+
+``holder_alive(identity)`` answers the question the broker's maintenance asks
+("is this broker id's heartbeat younger than the timeout?"), so an idempotency
+claim is taken over exactly when its worker's messages are redelivered.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
+import time
 
 from jobs.broker import redis_broker
 
+logger = logging.getLogger(__name__)
+
 PREFIX = "jobs:worker:"
 TTL_SECONDS = 30
-BEAT_SECONDS = 10
+# At most this long between beats; shorter when the heartbeat timeout is short
+# (several beats must fit in one timeout, or one slow beat looks like a death).
+MAX_BEAT_SECONDS = 2.0
+BEATS_PER_TIMEOUT = 5
+
+_identity: str | None = None
 
 
 def _key() -> str:
     return f"{PREFIX}{socket.gethostname()}:{os.getpid()}"
 
 
+def heartbeats_key() -> str:
+    return f"{redis_broker().namespace}:__heartbeats__"
+
+
+def beat_interval() -> float:
+    timeout_s = float(redis_broker().heartbeat_timeout) / 1000
+    return min(MAX_BEAT_SECONDS, timeout_s / BEATS_PER_TIMEOUT)
+
+
+def identity() -> str | None:
+    """This process's broker id while its heartbeat runs (None elsewhere: web, shell)."""
+    return _identity
+
+
 def beat() -> None:
-    redis_broker().client.set(_key(), "1", ex=TTL_SECONDS)
+    broker = redis_broker()
+    pipe = broker.client.pipeline(transaction=False)
+    pipe.zadd(heartbeats_key(), {broker.broker_id: int(time.time() * 1000)})
+    pipe.set(_key(), broker.broker_id, ex=TTL_SECONDS)
+    pipe.execute()
 
 
 def gone() -> None:
@@ -33,24 +82,60 @@ def live_workers() -> list[str]:
     )
 
 
+def presence_exists(host: str, pid: int) -> bool:
+    return bool(redis_broker().client.exists(f"{PREFIX}{host}:{pid}"))
+
+
+def holder_alive(holder: str) -> bool:
+    """True while broker id ``holder`` has a heartbeat younger than the timeout."""
+    broker = redis_broker()
+    last_ms = broker.client.zscore(heartbeats_key(), holder)
+    if last_ms is None:  # never beat, or maintenance already buried it
+        return False
+    return bool(time.time() * 1000 - float(last_ms) < broker.heartbeat_timeout)
+
+
 class Heartbeat:
-    """A daemon thread that beats every ``BEAT_SECONDS`` until stopped."""
+    """A daemon thread that beats and runs maintenance until stopped."""
 
     def __init__(self) -> None:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="jobs-heartbeat", daemon=True)
+        self.longest_gap = 0.0  # seconds between two successful beats, for the logs
 
     def start(self) -> None:
+        global _identity
+        # The first beat before any job starts: a claim must never name a
+        # holder that has no heartbeat yet (it would look dead).
+        with contextlib.suppress(Exception):
+            beat()
+        _identity = redis_broker().broker_id
         self.thread.start()
 
     def stop(self) -> None:
+        global _identity
         self.stopping.set()
+        _identity = None
         with contextlib.suppress(Exception):  # Redis down: the key expires on its own
             gone()
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
+        from jobs.broker.queues import force_maintenance
+
+        interval = beat_interval()
+        last = time.monotonic()
+        while not self.stopping.wait(interval):
             # A failed beat is retried next time; a long outage shows as "worker absent".
-            with contextlib.suppress(Exception):
+            try:
                 beat()
-            self.stopping.wait(BEAT_SECONDS)
+            except Exception:
+                logger.warning("Worker heartbeat failed", exc_info=True)
+                continue
+            now = time.monotonic()
+            gap, last = now - last, now
+            if gap > self.longest_gap:
+                self.longest_gap = gap
+                if gap > 2 * interval:
+                    logger.warning("Worker heartbeat came %.1f s after the last one", gap)
+            with contextlib.suppress(Exception):
+                force_maintenance()

@@ -2,61 +2,96 @@
 
     sent = run_once(f"welcome-email:{user.pk}", message.send)
 
-The key is claimed in the database before the effect (a unique row with a
-lease), the effect runs outside any transaction, and the claim is marked done
-after. A concurrent duplicate sees the live claim and is retried later; a
-failed effect releases its claim so the retry can run it; a worker killed
-mid-effect leaves a claim whose lease expires, after which a retry takes over.
-The one window left is a crash between the effect and marking it done: the
-effect may then run again after the lease (at-least-once, never lost).
+The key is claimed in the database before the effect (a unique row naming its
+holder: the worker process's broker id), the effect runs outside any
+transaction, and the claim is marked done after. A failed effect releases its
+claim so the retry can run it.
+
+A duplicate that finds a live claim waits for it (polling, up to ``wait``)
+instead of failing: a retry burnt on someone else's work would end the job
+"failed" after a crash. The claim of a worker that died mid-effect is taken
+over as soon as the broker would redeliver that worker's messages (its
+heartbeat is older than the broker's timeout; ``jobs.broker.workers``), not
+after a fixed lease. A claim made outside a worker process (no heartbeat) falls
+back to its lease. The one window left is a crash between the effect and
+marking it done: the effect then runs again (at-least-once, never lost).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from dramatiq.middleware import CurrentMessage
 
+from jobs.broker import workers
 from jobs.errors import TransientJobError
 from jobs.models import EffectRecord
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_LEASE = timedelta(minutes=10)
+# Long enough for any email or upload to finish; shorter than a job's time limit.
+DEFAULT_WAIT = timedelta(seconds=30)
+POLL_SECONDS = 0.2
 
 
 class EffectInProgress(TransientJobError):
-    """Another worker holds a live claim on this key; retry later."""
+    """Another live worker still holds the claim on this key after ``wait``; retry later."""
 
 
-def _claim(key: str, token: str, lease: timedelta) -> bool:
-    """Claim ``key``; return False if its effect is already done."""
-    now = timezone.now()
+def _holder_dead(holder: str, lease_until: datetime) -> bool:
+    if holder:
+        return not workers.holder_alive(holder)
+    return lease_until < timezone.now()
+
+
+def _claim(key: str, token: str, lease: timedelta) -> bool | None:
+    """Claim ``key``: True if claimed, False if its effect is done, None if a live
+    worker holds it."""
+    message = CurrentMessage.get_current_message()
+    mine = {
+        "claim_token": token,
+        "lease_until": timezone.now() + lease,
+        "holder": workers.identity() or "",
+        "job_id": message.message_id if message is not None else "",
+    }
     try:
         with transaction.atomic():
-            EffectRecord.objects.create(key=key, claim_token=token, lease_until=now + lease)
+            EffectRecord.objects.create(key=key, **mine)
         return True
     except IntegrityError:
         pass
-    record = EffectRecord.objects.filter(key=key).values("state", "lease_until").first()
+    record = (
+        EffectRecord.objects.filter(key=key)
+        .values("state", "lease_until", "holder", "claim_token")
+        .first()
+    )
     if record is None:  # released between our insert and our read: try once more
         return _claim(key, token, lease)
     if record["state"] == EffectRecord.State.DONE:
         return False
-    # Take over an expired claim; the conditional update settles races between
-    # two workers that both saw it expire.
+    if not _holder_dead(record["holder"], record["lease_until"]):
+        return None
+    # Conditional on the old token: of two workers that both saw the holder
+    # dead, one takes the claim and the other waits on the new (live) holder.
     taken = EffectRecord.objects.filter(
-        key=key, state=EffectRecord.State.RUNNING, lease_until__lt=now
-    ).update(claim_token=token, lease_until=now + lease)
-    if taken:
-        logger.warning("Took over expired claim on %s", key)
-        return True
-    raise EffectInProgress(f"effect {key!r} is being run by another worker")
+        key=key, state=EffectRecord.State.RUNNING, claim_token=record["claim_token"]
+    ).update(**mine)
+    if not taken:
+        return None
+    logger.warning(
+        "Took over the claim on %s from %s",
+        key,
+        f"dead worker {record['holder']}" if record["holder"] else "an expired lease",
+    )
+    return True
 
 
 @contextmanager
@@ -87,10 +122,25 @@ def once_atomic(key: str) -> Iterator[bool]:
         yield True
 
 
-def run_once(key: str, effect: Callable[[], object], *, lease: timedelta = DEFAULT_LEASE) -> bool:
-    """Run ``effect`` unless it already ran under ``key``; True if it ran now."""
+def run_once(
+    key: str,
+    effect: Callable[[], object],
+    *,
+    lease: timedelta = DEFAULT_LEASE,
+    wait: timedelta = DEFAULT_WAIT,
+) -> bool:
+    """Run ``effect`` unless it already ran under ``key``; True if it ran now.
+
+    Waits up to ``wait`` while another live worker holds the key, then raises
+    ``EffectInProgress`` (transient: the job is retried later).
+    """
     token = secrets.token_hex(16)
-    if not _claim(key, token, lease):
+    deadline = time.monotonic() + wait.total_seconds()
+    while (claimed := _claim(key, token, lease)) is None:
+        if time.monotonic() >= deadline:
+            raise EffectInProgress(f"effect {key!r} is being run by another worker")
+        time.sleep(POLL_SECONDS)
+    if not claimed:
         logger.info("Effect %s already done; skipped", key)
         return False
     try:

@@ -2,11 +2,11 @@
 
 Every Dramatiq hook becomes an ``Event``. ``record()`` writes it at once when
 ``JOBS_LEDGER_FLUSH_MS`` is 0, otherwise hands it to a per-process background
-writer that merges the events of each flush into one transaction. A failure or
-skip is written before the worker acks the message (the worker thread waits,
-group-commit style, with every other thread finishing then); a success is not
-waited for: if the worker dies before its batch is written, the watchdog sees
-the message acked in Redis and records the success. Writes are ordered by ``progress``:
+writer that merges the events of each flush into one transaction. A job's end
+(success, failure or skip) is written before the worker acks the message (the
+worker thread waits, group-commit style, with every other thread finishing
+then), so a killed worker never leaves a finished job unrecorded. Writes are
+ordered by ``progress``:
 
     progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
     progress = TERMINAL for succeeded, failed and skipped

@@ -7,13 +7,15 @@ so an incident sends one mail, not one a minute.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
@@ -22,12 +24,12 @@ from django.core.mail import mail_admins
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from jobs.broker import queues, redis_broker
+from jobs.broker import queues, redis_broker, workers
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
 from jobs.consistency.locks import held_since_ms
 from jobs.ledger import states
 from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, progress_of
-from jobs.models import Job
+from jobs.models import EffectRecord, Job
 
 logger = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -50,33 +52,54 @@ def _time_limit_ms(job: Job) -> int:
 
 
 def _worker_alive(job: Job) -> bool | None:
-    """True/False for a worker on this host; None when we cannot tell."""
-    if job.worker_host != HOST or job.worker_pid is None:
+    """Whether the worker that ran ``job`` lives; None when we cannot tell.
+
+    On this host the pid answers; elsewhere the worker's presence key, which its
+    heartbeat thread refreshes every few seconds (``jobs.broker.workers``).
+    """
+    if job.worker_pid is None:
         return None
-    try:
-        os.kill(job.worker_pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+    if job.worker_host == HOST:
+        try:
+            os.kill(job.worker_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    try:
+        return workers.presence_exists(job.worker_host, job.worker_pid)
+    except Exception:  # Redis unreachable: say nothing rather than guess
+        return None
+
+
+def _effect_done(job: Job) -> bool:
+    done = EffectRecord.objects.filter(job_id=job.message_id, state=EffectRecord.State.DONE)
+    return done.exists()
 
 
 def _reconcile(job: Job) -> str | None:
-    """Bring one ghost "running" job in line with the broker; return what was done."""
+    """Bring one non-terminal job in line with the broker and its effects.
+
+    Returns what was done, or None when the row needed nothing (or moved on
+    while we looked: every update is conditional on the row we read).
+    """
     where = (
         queues.locate(job.queue_name, job.redis_message_id) if job.redis_message_id else "pending"
     )
     worker = f"worker {job.worker_host}:{job.worker_pid}"
-    # Only the run we looked at: a redelivery may have started since.
-    running = Job.objects.filter(
-        message_id=job.message_id, state=states.RUNNING, started_at=job.started_at
+    # Only the row we looked at: a redelivery or a late write may have moved it since.
+    same = Job.objects.filter(
+        message_id=job.message_id, state=job.state, progress=job.progress, started_at=job.started_at
     )
     if where == "pending":
+        if job.state != states.RUNNING:
+            return None  # waiting or delayed in Redis, as the ledger says
         # Dramatiq redelivers it once the dead worker's heartbeat is old enough and
-        # maintenance runs (forced by the caller): show it as waiting again.
+        # maintenance runs (every worker forces one every few seconds): show it
+        # as waiting again.
         note = f"{worker} gone while running; redelivering"
-        moved = running.update(
+        moved = same.update(
             state=states.ENQUEUED,
             # Back to "waiting" for the same Dramatiq attempt index, so the
             # redelivered run's events (same index, later phase) still apply.
@@ -86,49 +109,83 @@ def _reconcile(job: Job) -> str | None:
         )
     elif where == "dead":
         note = f"{worker} gone; the broker dead-lettered the message"
-        moved = running.update(
+        moved = same.update(
             state=states.FAILED, progress=TERMINAL, error_type="WorkerLost", error_message=note
         )
-    else:
-        # Acked: it finished, but the worker died before its ledger batch was
-        # written (successes are not waited for, for throughput).
-        note = f"{worker} finished it and was gone before recording it"
-        moved = running.update(
+    elif _effect_done(job):
+        # Acked, and its idempotent effect is done: it finished, but its end was
+        # never written (a write that failed before the ack).
+        note = "finished (its effect is done) without its end being recorded"
+        moved = same.update(
             state=states.SUCCEEDED,
             progress=TERMINAL,
             finished_at=timezone.now(),
             error_message=note,
         )
+    else:
+        # Acked without a recorded end and with no effect to show for it: a
+        # success is never guessed. Failed, so it is seen and can be retried.
+        note = "left the broker without a recorded outcome; retry it if it did not run"
+        moved = same.update(
+            state=states.FAILED, progress=TERMINAL, error_type="WorkerLost", error_message=note
+        )
     return note if moved else None
 
 
-def reconcile_stalled_jobs() -> list[Finding]:
-    """Ledger jobs "running" on a dead worker: requeued, failed or succeeded per the broker.
+_FIELDS = (
+    "message_id",
+    "actor_name",
+    "queue_name",
+    "options",
+    "state",
+    "enqueued_at",
+    "started_at",
+    "worker_host",
+    "worker_pid",
+    "attempts",
+    "progress",
+    "redis_message_id",
+)
+# Rows waiting in the ledger are checked against Redis oldest first, at most
+# this many per run: a long backlog is legitimately waiting, and each check is a
+# Redis round trip.
+MAX_WAITING_CHECKS = 1000
 
-    A worker on this host is known dead when its pid is gone; elsewhere it is
-    presumed dead once the job outran its time limit plus ``WATCHDOG_GRACE_S``.
-    """
-    now = timezone.now()
-    grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
-    findings = []
+
+def _stalled_running(now: datetime, grace: timedelta) -> Iterator[Job]:
+    """ "running" rows whose worker is dead (or, when we cannot tell, outran its limit)."""
     candidates = Job.objects.filter(state=states.RUNNING, started_at__lt=now - grace)
-    for job in candidates.only(
-        "message_id",
-        "actor_name",
-        "queue_name",
-        "options",
-        "started_at",
-        "worker_host",
-        "worker_pid",
-        "attempts",
-        "progress",
-        "redis_message_id",
-    ):
+    for job in candidates.only(*_FIELDS):
         assert job.started_at is not None
         alive = _worker_alive(job)
         limit = timedelta(milliseconds=_time_limit_ms(job))
         if alive is True or (alive is None and job.started_at > now - limit - grace):
             continue
+        yield job
+
+
+def _waiting(now: datetime, grace: timedelta) -> Iterator[Job]:
+    """ "enqueued"/"delayed" rows old enough that a lost write could explain them."""
+    candidates = Job.objects.filter(
+        state__in=(states.ENQUEUED, states.DELAYED), enqueued_at__lt=now - grace
+    ).order_by("enqueued_at")
+    yield from candidates.only(*_FIELDS)[:MAX_WAITING_CHECKS]
+
+
+def reconcile_stalled_jobs() -> list[Finding]:
+    """Non-terminal ledger rows brought in line with Redis and the effects.
+
+    "running" on a dead worker: requeued, failed or finished per the broker;
+    "enqueued"/"delayed" whose message Redis no longer holds: failed or
+    finished per the broker and the job's effects. A worker on this host is
+    known dead when its pid is gone, elsewhere when its presence key is; a row
+    without a worker is presumed dead once it outran its time limit plus
+    ``WATCHDOG_GRACE_S``.
+    """
+    now = timezone.now()
+    grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
+    findings = []
+    for job in itertools.chain(_stalled_running(now, grace), _waiting(now, grace)):
         note = _reconcile(job)
         if note:
             findings.append(

@@ -20,7 +20,13 @@ class WorkerProcess:
     """``python manage.py rundramatiq`` as a real subprocess."""
 
     def __init__(
-        self, env: dict[str, str], log_path: Path, *, processes: int = 1, threads: int = 2
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        processes: int = 1,
+        threads: int = 2,
+        queues: tuple[str, ...] = (),
     ) -> None:
         self.log_path = log_path
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -35,6 +41,7 @@ class WorkerProcess:
                 str(threads),
                 "--worker-shutdown-timeout",
                 "5000",
+                *(["--queues", *queues] if queues else []),
             ],
             cwd=ROOT,
             env=env,
@@ -66,6 +73,18 @@ class WorkerProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def group_pids(self) -> list[int]:
+        """The pids of this worker's process group (the command and its workers)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == self.process.pid:  # field 5: the process group
+                pids.append(int(stat.parent.name))
+        return pids
+
 
 @pytest.fixture
 def worker_env(tmp_path: Path) -> dict[str, str]:
@@ -92,7 +111,7 @@ def start_worker(
 ) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(env: dict[str, str] | None = None, **options: int) -> WorkerProcess:
+    def start(env: dict[str, str] | None = None, **options: Any) -> WorkerProcess:
         log = tmp_path / f"worker-{len(started)}.log"
         worker = WorkerProcess({**worker_env, **(env or {})}, log, **options)
         started.append(worker)
@@ -214,3 +233,41 @@ def start_web(worker_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[.
     yield start
     for web in started:
         web.stop()
+
+
+class SchedulerProcess:
+    """``python manage.py runscheduler`` as a real subprocess."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "runscheduler"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def start_scheduler(
+    worker_env: dict[str, str], tmp_path: Path
+) -> Iterator[Callable[..., SchedulerProcess]]:
+    started: list[SchedulerProcess] = []
+
+    def start(**env: str) -> SchedulerProcess:
+        scheduler = SchedulerProcess({**worker_env, **env}, tmp_path / f"sched-{len(started)}.log")
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        scheduler.stop()

@@ -9,6 +9,7 @@ import dramatiq
 from django.utils import timezone
 from dramatiq.middleware import CurrentMessage
 
+from jobs.broker import redis_broker
 from jobs.consistency import checkpoints
 from jobs.consistency.idempotency import once_atomic
 from jobs.errors import TransientJobError
@@ -34,3 +35,14 @@ def demo_pipeline(key: str, steps: int = 5, step_ms: int = 0, fail_at_step: int 
     with once_atomic(f"demo-pipeline:{key}") as first:
         if first:
             logger.info("demo_pipeline %s finished its %d steps", key, steps)
+
+
+# Counts its starts in Redis, then works for ``seconds``: the crash tests tell a
+# job that ran once from one handed to a second worker while it still ran (or
+# redelivered after its worker was killed).
+@dramatiq.actor(queue_name="long", max_retries=0, time_limit=10 * 60_000)
+def long_job(key: str, seconds: float) -> None:
+    client = redis_broker().client
+    client.incr(f"long-job:{key}:starts")
+    time.sleep(seconds)
+    client.incr(f"long-job:{key}:ends")

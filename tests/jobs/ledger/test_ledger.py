@@ -233,3 +233,22 @@ def test_batched_writes_record_the_same_states_with_fewer_statements(
     assert states == {"succeeded": 50, "failed": 1}
     statements_per_job = (ledger.stats.statements - before) / len(messages)
     assert statements_per_job < 6  # three events of two statements each, unbatched
+
+
+def test_a_success_is_written_before_the_message_is_acked(
+    broker: dramatiq.Broker, settings
+) -> None:
+    # A batch interval no test waits for: only a write the worker waited for
+    # before acking can be in the database when the queue is empty.
+    settings.JOBS_LEDGER_FLUSH_MS = 60_000
+    message = succeed.send(1)
+
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join(QUEUE)  # returns once the message is acked
+        # A worker killed now loses nothing the ledger needs: the end is written.
+        state = Job.objects.filter(message_id=message.message_id).values_list("state", flat=True)
+        assert list(state) == ["succeeded"]
+    finally:
+        worker.stop()

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 
 from jobs.consistency.locks import redis_lock
-from jobs.models import Job
+from jobs.models import EffectRecord, Job
 from jobs.scheduling.watchdog import HOST, run_watchdog, stale_locks, stuck_queues
 from tests.conftest import queued_messages
 
@@ -40,6 +40,28 @@ def running_job(message_id: str, *, pid: int, minutes_ago: int, limit_ms: int = 
         started_at=timezone.now() - timedelta(minutes=minutes_ago),
         worker_host=HOST,
         worker_pid=pid,
+    )
+
+
+def waiting_job(message_id: str, *, redis_message_id: str) -> Job:
+    return Job.objects.create(
+        message_id=message_id,
+        actor_name="send_welcome_email",
+        queue_name="emails",
+        state="enqueued",
+        progress=2,
+        enqueued_at=timezone.now() - timedelta(minutes=2),
+        redis_message_id=redis_message_id,
+    )
+
+
+def done_effect(job_id: str) -> EffectRecord:
+    return EffectRecord.objects.create(
+        key=f"welcome-email:{job_id}",
+        state=EffectRecord.State.DONE,
+        claim_token="t",
+        lease_until=timezone.now(),
+        job_id=job_id,
     )
 
 
@@ -139,16 +161,70 @@ def test_the_schedules_page_and_run_now_are_for_staff_with_permission(client: Cl
     assert [m.actor_name for m in queued_messages("periodic")] == ["daily_report"]
 
 
-def test_a_ghost_whose_message_was_acked_is_recorded_as_succeeded(settings) -> None:
+def test_a_ghost_whose_message_was_acked_and_effect_done_is_recorded_as_succeeded(
+    settings,
+) -> None:
     settings.WATCHDOG_GRACE_S = 0
     ghost = running_job("finished-ghost", pid=dead_pid(), minutes_ago=1)
     Job.objects.filter(pk=ghost.pk).update(redis_message_id="not-in-redis-any-more")
+    done_effect("finished-ghost")
 
     run_watchdog()
 
     ghost.refresh_from_db()
     assert ghost.state == "succeeded"
-    assert "gone before recording it" in ghost.error_message
+    assert "its effect is done" in ghost.error_message
+
+
+def test_a_ghost_whose_message_was_acked_without_evidence_is_not_guessed_succeeded(
+    settings,
+) -> None:
+    settings.WATCHDOG_GRACE_S = 0
+    ghost = running_job("unknown-ghost", pid=dead_pid(), minutes_ago=1)
+    Job.objects.filter(pk=ghost.pk).update(redis_message_id="not-in-redis-any-more")
+
+    run_watchdog()
+
+    ghost.refresh_from_db()
+    assert (ghost.state, ghost.error_type) == ("failed", "WorkerLost")
+    assert "without a recorded outcome" in ghost.error_message
+
+
+def test_an_enqueued_row_whose_message_redis_no_longer_holds_is_reconciled(settings) -> None:
+    # Given rows a killed worker never moved on (its ledger batch died with it):
+    # one whose job's effect is done, one whose message still waits in Redis
+    from jobs.broker import redis_broker
+
+    settings.WATCHDOG_GRACE_S = 0
+    finished = waiting_job("enqueued-but-done", redis_message_id="acked-and-gone")
+    done_effect("enqueued-but-done")
+    redis_broker().client.hset("dramatiq:emails.msgs", "still-waiting", b"{}")
+    waiting = waiting_job("really-waiting", redis_message_id="still-waiting")
+
+    findings = run_watchdog()
+
+    # Then the finished one is recorded as such and the waiting one is left alone
+    assert Job.objects.get(pk=finished.pk).state == "succeeded"
+    assert Job.objects.get(pk=waiting.pk).state == "enqueued"
+    assert [f.subject for f in findings] == ["enqueued-but-done"]
+
+
+def test_a_running_job_on_another_host_is_left_alone_while_its_presence_key_lives(
+    settings,
+) -> None:
+    from jobs.broker import redis_broker, workers
+
+    # Given two jobs running on another host, one of whose workers still beats
+    settings.WATCHDOG_GRACE_S = 0
+    far = running_job("far-alive", pid=4242, minutes_ago=5)
+    gone = running_job("far-gone", pid=4343, minutes_ago=5)
+    Job.objects.filter(pk__in=[far.pk, gone.pk]).update(worker_host="elsewhere")
+    redis_broker().client.set(f"{workers.PREFIX}elsewhere:4242", "id", ex=30)
+
+    run_watchdog()
+
+    assert Job.objects.get(pk=far.pk).state == "running"
+    assert Job.objects.get(pk=gone.pk).state == "enqueued"
 
 
 def test_a_ghost_whose_message_was_dead_lettered_is_recorded_as_failed(settings) -> None:

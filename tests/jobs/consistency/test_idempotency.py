@@ -1,0 +1,113 @@
+"""run_once claims: held by a dead worker, taken over at once; held by a live one, waited for.
+
+Liveness is the broker heartbeat real workers write (``<ns>:__heartbeats__``);
+these tests write those heartbeats for a made-up worker the way a live or a
+dead one would have left them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import dramatiq
+import pytest
+from django.utils import timezone
+
+from jobs.broker import redis_broker, workers
+from jobs.consistency.idempotency import run_once
+from jobs.models import EffectRecord, Job
+from tests.conftest import AttemptRecorder, join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "idempotency-tests"
+effects: list[str] = []
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=3)
+def send_once(key: str) -> None:
+    run_once(key, lambda: effects.append(key))
+
+
+def claim_held_by(holder: str, key: str) -> EffectRecord:
+    # A lease far in the future: only the holder's death may free this claim.
+    return EffectRecord.objects.create(
+        key=key,
+        claim_token="theirs",
+        holder=holder,
+        lease_until=timezone.now() + timedelta(minutes=10),
+    )
+
+
+def heartbeat(holder: str, *, age_ms: int) -> None:
+    broker = redis_broker()
+    broker.client.zadd(workers.heartbeats_key(), {holder: int(time.time() * 1000) - age_ms})
+
+
+@pytest.fixture(autouse=True)
+def _no_effects() -> None:
+    effects.clear()
+
+
+def test_it_takes_over_at_once_a_claim_whose_worker_heartbeat_is_older_than_the_timeout() -> None:
+    # Given a claim whose worker stopped beating more than the broker's timeout ago
+    claim_held_by("killed-worker", "effect:stale-heartbeat")
+    heartbeat("killed-worker", age_ms=redis_broker().heartbeat_timeout + 1000)
+
+    # When a redelivered job runs the effect, Then it takes the claim over and runs it
+    started = time.monotonic()
+    assert run_once("effect:stale-heartbeat", lambda: effects.append("ran")) is True
+    assert effects == ["ran"]
+    assert time.monotonic() - started < 1
+    record = EffectRecord.objects.get(key="effect:stale-heartbeat")
+    assert (record.state, record.claim_token != "theirs") == ("done", True)
+
+
+def test_it_takes_over_at_once_a_claim_whose_worker_maintenance_already_buried() -> None:
+    # Given a claim whose worker has no heartbeat at all (the broker's
+    # maintenance removes a dead worker once its messages are requeued)
+    claim_held_by("buried-worker", "effect:no-heartbeat")
+
+    assert run_once("effect:no-heartbeat", lambda: effects.append("ran")) is True
+    assert effects == ["ran"]
+
+
+def test_it_waits_for_a_live_holder_without_burning_a_retry(
+    worker: dramatiq.Worker, attempts: AttemptRecorder
+) -> None:
+    # Given a claim held by a live worker (a fresh heartbeat) that finishes its
+    # effect a second later
+    claim_held_by("busy-worker", "effect:live")
+    heartbeat("busy-worker", age_ms=0)
+
+    def holder_finishes() -> None:
+        time.sleep(1)
+        EffectRecord.objects.filter(key="effect:live").update(
+            state=EffectRecord.State.DONE, done_at=timezone.now()
+        )
+
+    finisher = threading.Thread(target=holder_finishes)
+    finisher.start()
+
+    # When a duplicate job for the same effect runs meanwhile
+    message = send_once.send("effect:live")
+    join(QUEUE)
+    finisher.join()
+
+    # Then it waited: one attempt, no retry spent, and the effect not run again
+    assert [exception for _, _, exception in attempts.attempts] == [None]
+    job = Job.objects.get(message_id=message.message_id)
+    assert (job.state, job.attempts) == ("succeeded", 1)
+    assert effects == []
+
+
+def test_a_claim_records_the_worker_and_the_job_that_made_it(worker: dramatiq.Worker) -> None:
+    message = send_once.send("effect:recorded")
+    join(QUEUE)
+
+    record = EffectRecord.objects.get(key="effect:recorded")
+    assert record.holder == redis_broker().broker_id
+    assert record.job_id == message.message_id
+    assert workers.holder_alive(record.holder)
