@@ -17,7 +17,7 @@ import dramatiq
 from django.conf import settings
 from dramatiq.middleware import MiddlewareError
 
-# Options set by the broker, Retries and the rate limiter,
+# Options set by the broker, Retries, the rate limiter and the pause control,
 # never by a producer. Retries bounds the traceback (jobs.middleware.retries).
 DELIVERY_OPTIONS = frozenset(
     {
@@ -27,6 +27,7 @@ DELIVERY_OPTIONS = frozenset(
         "traceback",
         "requeue_timestamp",
         "rate_limit_deferrals",
+        "pause_requeues",
     }
 )
 

@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.broker import queues, redis_broker
+from jobs.broker.limits import DELIVERY_OPTIONS
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
 from jobs.models import Job
@@ -19,9 +20,7 @@ from jobs.models import Job
 logger = logging.getLogger(__name__)
 BATCH = 500
 # Options that belong to one delivery, not to the job: dropped when retrying.
-_DELIVERY_OPTIONS = frozenset(
-    {"retries", "traceback", "redis_message_id", "eta", "requeue_timestamp", "retry_of"}
-)
+_DELIVERY_OPTIONS = DELIVERY_OPTIONS | {"retry_of"}
 
 
 @dataclass
