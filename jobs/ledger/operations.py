@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from jobs.broker import queues, redis_broker
 from jobs.broker.limits import DELIVERY_OPTIONS
+from jobs.consistency import dedup
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
 from jobs.models import Job
@@ -92,7 +93,7 @@ def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
     """Cancel jobs still waiting (enqueued or delayed): workers skip them."""
     outcome = Outcome()
     waiting = queryset.filter(state__in=(states.ENQUEUED, states.DELAYED))
-    for rows in _batches(waiting, "message_id"):
+    for rows in _batches(waiting, "message_id", "options"):
         ids = [row["message_id"] for row in rows]
         queues.cancel(ids)
         outcome.done += Job.objects.filter(
@@ -101,7 +102,30 @@ def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
         # progress is left as it was: a worker that picked the message up before
         # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
         # and one that skips it records the final "skipped".
+        _free_dedup_keys(rows)
     return outcome
+
+
+def _free_dedup_keys(rows: list[dict[str, Any]]) -> None:
+    """Free the send_unique() keys of cancelled jobs.
+
+    A cancelled unique job must not block the next one until a worker reaches it
+    (it may be delayed for hours) or the key expires. Only jobs the cancel did
+    stop (not one a worker started meanwhile), and token-checked: a newer job
+    holding the key keeps it.
+    """
+    keys = {
+        row["message_id"]: row["options"][dedup.OPTION]
+        for row in rows
+        if isinstance(row["options"].get(dedup.OPTION), str)
+    }
+    if not keys:
+        return
+    cancelled = Job.objects.filter(
+        message_id__in=list(keys), state=states.SKIPPED, skip_reason="cancelled"
+    ).values_list("message_id", flat=True)
+    for message_id in cancelled:
+        dedup.clear(keys[message_id], message_id)
 
 
 def delete_jobs(queryset: QuerySet[Job]) -> Outcome:
