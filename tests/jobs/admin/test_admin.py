@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import dramatiq
@@ -13,9 +14,10 @@ from django.test.utils import CaptureQueriesContext
 
 from jobs.broker import queues
 from jobs.errors import PermanentJobError
+from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "admin-test"
@@ -239,3 +241,50 @@ def test_staff_without_permissions_cannot_act(client: Client, failed_job: Job) -
     response = client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
     assert response.status_code == 403
     assert not queues.queue_stats(QUEUE).paused
+
+
+def test_it_sends_one_retry_when_a_failed_job_is_retried_twice(
+    staff: Client, failed_job: Job, broker: dramatiq.Broker, settings
+) -> None:
+    # The shipped 200 ms ledger batches (tests/settings.py writes at once): the
+    # second click comes before the first retry's row is in the ledger.
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    switch["broken"] = False
+
+    first = action(staff, "retry_selected", [failed_job]).content.decode()
+    second = action(staff, "retry_selected", [failed_job]).content.decode()
+
+    assert "Retried 1 job(s)." in first
+    assert "Retried 0 job(s)." in second
+    assert "already retried" in second
+    assert len(queued_messages(QUEUE)) == 1
+    run_queue(broker)
+    assert list(Job.objects.filter(retry_of=failed_job).values_list("state", flat=True)) == [
+        "succeeded"
+    ]
+
+
+def test_it_sends_one_retry_when_operators_retry_the_same_job_at_once(
+    failed_job: Job, settings
+) -> None:
+    settings.JOBS_LEDGER_FLUSH_MS = 200  # the shipped default, as above
+    barrier = threading.Barrier(6)
+    done: list[int] = []
+
+    def retry() -> None:
+        try:
+            barrier.wait()
+            done.append(operations.retry_jobs(Job.objects.filter(pk=failed_job.pk)).done)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=retry) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.flush()
+
+    assert sorted(done) == [0, 0, 0, 0, 0, 1]
+    assert len(queued_messages(QUEUE)) == 1
+    assert Job.objects.filter(retry_of=failed_job).count() == 1
