@@ -21,7 +21,11 @@ from jobs.models import Job
 logger = logging.getLogger(__name__)
 BATCH = 500
 # Options that belong to one delivery, not to the job: dropped when retrying.
-_DELIVERY_OPTIONS = DELIVERY_OPTIONS | {"retry_of"}
+# scheduled_at is when the scheduler sent a periodic tick: periodiq skips a
+# message whose scheduled_at is older than JOBS_PERIODIC_SKIP_AFTER_S, and a
+# retry is a deliberate new run, however late. The tick stays: the retry does
+# the failed run's work (the report of that tick's day).
+_DELIVERY_OPTIONS = DELIVERY_OPTIONS | {"retry_of", "scheduled_at"}
 
 
 @dataclass
