@@ -10,7 +10,7 @@ back in lock-step): 5-10 s, 10-20 s, 20-40 s ... for a 5 s minimum.
 The retry carries the failure's traceback in its options. An error message can
 quote a whole payload, so only its end is kept: the message stays small in
 Redis, and the size limit (which does not count it) never refuses the retry.
-The full traceback of every attempt is in the ledger.
+Every attempt's own traceback is kept in the ledger (``JobAttempt``).
 """
 
 from __future__ import annotations
