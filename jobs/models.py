@@ -46,6 +46,11 @@ class Job(models.Model):
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     skip_reason = models.CharField(max_length=200, blank=True, default="")
+    # The retry sent for this failed job, claimed before it is sent, so two
+    # operators (or a double click) retrying the same job send it once. NULL
+    # rather than "": adding a nullable column without a default is cheap on a
+    # large SQLite ledger (no table rebuild).
+    retried_as = models.CharField(max_length=36, null=True, blank=True)  # noqa: DJ001
     # By message id and without a constraint: the original may be pruned first.
     retry_of = models.ForeignKey(
         "self",

@@ -181,7 +181,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         links = []
         if job.retry_of_id:
             links.append(("retry of", job.retry_of_id))
-        links += [("retried as", r) for r in job.retries.values_list("message_id", flat=True)]
+        # retried_as is set when the retry is sent, before the ledger has its row.
+        retried = {job.retried_as} if job.retried_as else set()
+        retried.update(job.retries.values_list("message_id", flat=True))
+        links += [("retried as", r) for r in sorted(retried)]
         return format_html_join(
             ", ",
             '{} <a href="{}">{}</a>',
@@ -223,6 +226,13 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         outcome = operations.retry_jobs(queryset)
         self.message_user(request, f"Retried {outcome.done} job(s).", messages.SUCCESS)
+        if outcome.already:
+            self.message_user(
+                request,
+                f"{outcome.already} job(s) were already retried (see 'retried as' on each): "
+                "not sent again.",
+                messages.WARNING,
+            )
         if outcome.skipped:
             self.message_user(
                 request,

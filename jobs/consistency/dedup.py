@@ -5,7 +5,8 @@
 The key is claimed with ``SET NX PX`` in the broker's Redis before the message
 is enqueued and carries the message id; ``jobs.middleware.dedup.Dedup`` deletes
 it when that message finishes for good (success, permanent failure, retries
-exhausted), not between retries. The TTL (``JOBS_DEDUP_TTL_MS``, 1 h) frees a
+exhausted, skipped), not between retries; cancelling the job from the admin
+deletes it at once. The TTL (``JOBS_DEDUP_TTL_MS``, 1 h) frees a
 key whose worker died and whose message was never redelivered.
 """
 

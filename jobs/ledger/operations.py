@@ -12,6 +12,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.broker import queues, redis_broker
+from jobs.broker.limits import DELIVERY_OPTIONS
+from jobs.consistency import dedup
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
 from jobs.models import Job
@@ -19,15 +21,18 @@ from jobs.models import Job
 logger = logging.getLogger(__name__)
 BATCH = 500
 # Options that belong to one delivery, not to the job: dropped when retrying.
-_DELIVERY_OPTIONS = frozenset(
-    {"retries", "traceback", "redis_message_id", "eta", "requeue_timestamp", "retry_of"}
-)
+# scheduled_at is when the scheduler sent a periodic tick: periodiq skips a
+# message whose scheduled_at is older than JOBS_PERIODIC_SKIP_AFTER_S, and a
+# retry is a deliberate new run, however late. The tick stays: the retry does
+# the failed run's work (the report of that tick's day).
+_DELIVERY_OPTIONS = DELIVERY_OPTIONS | {"retry_of", "scheduled_at"}
 
 
 @dataclass
 class Outcome:
     done: int = 0
     skipped: int = 0
+    already: int = 0  # retry only: jobs retried before (one retry per failed job)
 
 
 def _batches(queryset: QuerySet[Job], *fields: str) -> Iterator[list[dict[str, Any]]]:
@@ -59,41 +64,84 @@ def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
 
 
 def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
-    """Send failed jobs again as new messages linked to the original."""
+    """Send failed jobs again as new messages linked to the original.
+
+    A failed job is retried once: the new message's id is claimed on the failed
+    row by a conditional update before the message is sent, so a double click or
+    two operators at once send one message, whatever the ledger has written yet
+    (its rows arrive in batches, JOBS_LEDGER_FLUSH_MS).
+    """
     outcome = Outcome()
     broker = redis_broker()
-    fields = ("message_id", "queue_name", "actor_name", "redis_message_id", "args", "kwargs")
+    fields = (
+        "message_id",
+        "queue_name",
+        "actor_name",
+        "redis_message_id",
+        "args",
+        "kwargs",
+        "retried_as",
+    )
     for rows in _batches(queryset.filter(state=states.FAILED), *fields):
         for row in rows:
-            already = Job.objects.filter(retry_of_id=row["message_id"]).exists()
-            original = None if already else _original_message(row)
-            if original is None or row["actor_name"] not in broker.actors:
+            if row["retried_as"] is not None:
+                outcome.already += 1
+                continue
+            original = _original_message(row) if row["actor_name"] in broker.actors else None
+            if original is None:
                 outcome.skipped += 1
                 continue
-            # A new message (new id, fresh attempt count) with the original's
-            # arguments and actor options; the link lets the admin show both ways.
-            options = {k: v for k, v in original.options.items() if k not in _DELIVERY_OPTIONS}
-            options["retry_of"] = row["message_id"]
-            broker.enqueue(
-                dramatiq.Message(
-                    queue_name=row["queue_name"],
-                    actor_name=row["actor_name"],
-                    args=tuple(original.args),
-                    kwargs=dict(original.kwargs),
-                    options=options,
-                )
-            )
+            retry = _retry_message(row, original)
+            if not _claim(row["message_id"], retry.message_id):
+                outcome.already += 1
+                continue
+            try:
+                broker.enqueue(retry)
+            except BaseException:
+                _release(row["message_id"], retry.message_id)  # not sent: may be retried again
+                raise
             queues.drop_dead_letter(row["queue_name"], row["redis_message_id"])
             outcome.done += 1
-    logger.info("Retried %d job(s), %d could not be retried", outcome.done, outcome.skipped)
+    logger.info(
+        "Retried %d job(s), %d already retried, %d could not be retried",
+        outcome.done,
+        outcome.already,
+        outcome.skipped,
+    )
     return outcome
+
+
+def _retry_message(row: dict[str, Any], original: dramatiq.Message[Any]) -> dramatiq.Message[Any]:
+    """A new message (new id, fresh attempt count) with the original's arguments
+    and actor options; ``retry_of`` lets the admin link the two both ways."""
+    options = {k: v for k, v in original.options.items() if k not in _DELIVERY_OPTIONS}
+    options["retry_of"] = row["message_id"]
+    return dramatiq.Message(
+        queue_name=row["queue_name"],
+        actor_name=row["actor_name"],
+        args=tuple(original.args),
+        kwargs=dict(original.kwargs),
+        options=options,
+    )
+
+
+def _claim(failed_id: str, retry_id: str) -> bool:
+    """True for exactly one caller per failed job, across processes."""
+    claimed = Job.objects.filter(
+        message_id=failed_id, state=states.FAILED, retried_as__isnull=True
+    ).update(retried_as=retry_id)
+    return claimed == 1
+
+
+def _release(failed_id: str, retry_id: str) -> None:
+    Job.objects.filter(message_id=failed_id, retried_as=retry_id).update(retried_as=None)
 
 
 def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
     """Cancel jobs still waiting (enqueued or delayed): workers skip them."""
     outcome = Outcome()
     waiting = queryset.filter(state__in=(states.ENQUEUED, states.DELAYED))
-    for rows in _batches(waiting, "message_id"):
+    for rows in _batches(waiting, "message_id", "options"):
         ids = [row["message_id"] for row in rows]
         queues.cancel(ids)
         outcome.done += Job.objects.filter(
@@ -102,7 +150,30 @@ def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
         # progress is left as it was: a worker that picked the message up before
         # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
         # and one that skips it records the final "skipped".
+        _free_dedup_keys(rows)
     return outcome
+
+
+def _free_dedup_keys(rows: list[dict[str, Any]]) -> None:
+    """Free the send_unique() keys of cancelled jobs.
+
+    A cancelled unique job must not block the next one until a worker reaches it
+    (it may be delayed for hours) or the key expires. Only jobs the cancel did
+    stop (not one a worker started meanwhile), and token-checked: a newer job
+    holding the key keeps it.
+    """
+    keys = {
+        row["message_id"]: row["options"][dedup.OPTION]
+        for row in rows
+        if isinstance(row["options"].get(dedup.OPTION), str)
+    }
+    if not keys:
+        return
+    cancelled = Job.objects.filter(
+        message_id__in=list(keys), state=states.SKIPPED, skip_reason="cancelled"
+    ).values_list("message_id", flat=True)
+    for message_id in cancelled:
+        dedup.clear(keys[message_id], message_id)
 
 
 def delete_jobs(queryset: QuerySet[Job]) -> Outcome:

@@ -6,7 +6,9 @@ once per job, so control costs nothing on the hot path and takes effect within
 that interval. A cancelled message is skipped (acked, recorded as skipped). A
 paused queue's message is put back with a delay and the current delivery
 skipped quietly, so workers stop running that queue's jobs without losing them,
-and pick them up again once it is resumed.
+and pick them up again once it is resumed. The copy put back counts its trips in
+``pause_requeues``: it is the same job, not a new one, for metrics and the size
+limit.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from dramatiq.middleware import SkipMessage
 from jobs.broker import queues
 
 logger = logging.getLogger(__name__)
+
+PAUSE_REQUEUES = "pause_requeues"
 
 
 class Control(dramatiq.Middleware):
@@ -52,7 +56,10 @@ class Control(dramatiq.Middleware):
             raise SkipMessage("cancelled")
         queue_name = q_name(message.queue_name)
         if queue_name in controls.paused:
-            requeue: dramatiq.Message[Any] = message.copy(queue_name=queue_name)
+            trips = int(message.options.get(PAUSE_REQUEUES, 0)) + 1
+            requeue: dramatiq.Message[Any] = message.copy(
+                queue_name=queue_name, options={PAUSE_REQUEUES: trips}
+            )
             broker.enqueue(requeue, delay=settings.JOBS_PAUSE_RECHECK_MS)
             message.options["paused_requeue"] = True
             raise SkipMessage("queue paused")

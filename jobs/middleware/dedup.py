@@ -4,7 +4,9 @@ Success is seen in ``after_process_message`` without an exception. A failure
 ends for good when the message is nacked (permanent error, retries exhausted,
 too old); a failure that is retried is acked and re-enqueued, so the key stays
 claimed between retries. Hooking ``nack`` keeps this independent of where the
-Retries middleware sits in the list.
+Retries middleware sits in the list. A skipped message (cancelled, a stale
+periodic tick) is finished too, unless a paused queue only put it back for
+later: that is still the same pending job.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class Dedup(dramatiq.Middleware):
 
     def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._clear(message)
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        if not message.options.get("paused_requeue"):
+            self._clear(message)
 
     def _clear(self, message: MessageProxy) -> None:
         key = message.options.get(dedup.OPTION)

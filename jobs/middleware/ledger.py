@@ -33,7 +33,16 @@ from jobs.ledger.writer import (
 
 HOST = socket.gethostname()
 MAX_TEXT = 10_000
-_OPTION_KEYS = ("max_retries", "min_backoff", "max_backoff", "time_limit", "max_age", "retry_of")
+# dedup_key: cancelling a send_unique() job from the admin frees its key.
+_OPTION_KEYS = (
+    "max_retries",
+    "min_backoff",
+    "max_backoff",
+    "time_limit",
+    "max_age",
+    "retry_of",
+    "dedup_key",
+)
 
 
 def _now() -> datetime:

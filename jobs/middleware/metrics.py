@@ -15,6 +15,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
 from jobs.broker.workers import Heartbeat
+from jobs.middleware.control import PAUSE_REQUEUES
 from jobs.observability import metrics
 
 
@@ -24,7 +25,9 @@ class Metrics(dramatiq.Middleware):
         self._heartbeat: Heartbeat | None = None
 
     def after_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:
-        if message.options.get("retries") is None:  # retries are counted where they fail
+        # Only a message sent for the first time: a retry is counted where it
+        # failed, and a paused queue puts its messages back on every recheck.
+        if message.options.get("retries") is None and PAUSE_REQUEUES not in message.options:
             metrics.ENQUEUED.labels(message.actor_name, q_name(message.queue_name)).inc()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:

@@ -6,17 +6,25 @@ from Django settings (``JOBS_MAX_RETRIES``, ``JOBS_MIN_BACKOFF_MS``,
 actor's ``throws`` says. The schedule is Dramatiq's: retry *n* waits between
 ``min * 2**(n-1)`` and twice that (jitter, so a burst of failures does not come
 back in lock-step): 5-10 s, 10-20 s, 20-40 s ... for a 5 s minimum.
+
+The retry carries the failure's traceback in its options. An error message can
+quote a whole payload, so only its end is kept: the message stays small in
+Redis, and the size limit (which does not count it) never refuses the retry.
+Every attempt's own traceback is kept in the ledger (``JobAttempt``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import dramatiq
 from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
 from jobs.errors import is_permanent
+
+MAX_TRACEBACK_CHARS = 4000
 
 
 class Retries(stock.Retries):
@@ -45,3 +53,10 @@ class Retries(stock.Retries):
         super().after_process_message(  # type: ignore[no-untyped-call]
             broker, message, result=result, exception=exception
         )
+
+    def before_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:
+        # The stock middleware sets the traceback just before it re-enqueues;
+        # the message here is the copy that is about to be encoded and sent.
+        traceback = message.options.get("traceback")
+        if isinstance(traceback, str) and len(traceback) > MAX_TRACEBACK_CHARS:
+            message.options["traceback"] = "...\n" + traceback[-MAX_TRACEBACK_CHARS:]

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import dramatiq
+import pendulum
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from periodiq import cron
 
 from jobs.broker import queues
 from jobs.errors import PermanentJobError
+from jobs.ledger import operations
 from jobs.ledger import writer as ledger
+from jobs.middleware.periodic import Periodic
 from jobs.models import Job
-from tests.conftest import join
+from jobs.scheduling.scheduler import current_tick
+from tests.conftest import join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "admin-test"
@@ -239,3 +248,100 @@ def test_staff_without_permissions_cannot_act(client: Client, failed_job: Job) -
     response = client.post(f"/admin/jobs/job/dashboard/queue/{QUEUE}/pause/")
     assert response.status_code == 403
     assert not queues.queue_stats(QUEUE).paused
+
+
+def test_it_sends_one_retry_when_a_failed_job_is_retried_twice(
+    staff: Client, failed_job: Job, broker: dramatiq.Broker, settings
+) -> None:
+    # The shipped 200 ms ledger batches (tests/settings.py writes at once): the
+    # second click comes before the first retry's row is in the ledger.
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    switch["broken"] = False
+
+    first = action(staff, "retry_selected", [failed_job]).content.decode()
+    second = action(staff, "retry_selected", [failed_job]).content.decode()
+
+    assert "Retried 1 job(s)." in first
+    assert "Retried 0 job(s)." in second
+    assert "already retried" in second
+    assert len(queued_messages(QUEUE)) == 1
+    run_queue(broker)
+    assert list(Job.objects.filter(retry_of=failed_job).values_list("state", flat=True)) == [
+        "succeeded"
+    ]
+
+
+def test_it_sends_one_retry_when_operators_retry_the_same_job_at_once(
+    failed_job: Job, settings
+) -> None:
+    settings.JOBS_LEDGER_FLUSH_MS = 200  # the shipped default, as above
+    barrier = threading.Barrier(6)
+    done: list[int] = []
+
+    def retry() -> None:
+        try:
+            barrier.wait()
+            done.append(operations.retry_jobs(Job.objects.filter(pk=failed_job.pk)).done)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=retry) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ledger.flush()
+
+    assert sorted(done) == [0, 0, 0, 0, 0, 1]
+    assert len(queued_messages(QUEUE)) == 1
+    assert Job.objects.filter(retry_of=failed_job).count() == 1
+
+
+ticks_seen: list[datetime | None] = []
+
+
+@pytest.fixture
+def periodic_report(broker: dramatiq.Broker) -> Iterator[dramatiq.Actor[[], None]]:
+    """A periodic actor for this test only: the scheduler and the schedules
+    page list every periodic actor the broker knows."""
+
+    def report_of_the_day() -> None:
+        ticks_seen.append(current_tick())
+        if switch["broken"]:
+            raise PermanentJobError("the report's data source was down")
+
+    # "0 6 * * *": at 06:00 every day; never due while the test runs.
+    actor: dramatiq.Actor[[], None] = dramatiq.actor(
+        queue_name=QUEUE, periodic=cron("0 6 * * *"), max_retries=0
+    )(report_of_the_day)
+    [periodic] = [m for m in broker.middleware if isinstance(m, Periodic)]
+    shipped_skip_delay = periodic.skip_delay
+    # The shipped JOBS_PERIODIC_SKIP_AFTER_S is an hour: the operator's retry
+    # comes later than that in production, two seconds later here.
+    periodic.skip_delay = 2
+    yield actor
+    periodic.skip_delay = shipped_skip_delay
+    del broker.actors[actor.actor_name]
+
+
+def test_it_runs_the_retry_of_a_failed_periodic_job_for_its_tick_however_late(
+    staff: Client, broker: dramatiq.Broker, periodic_report: dramatiq.Actor[[], None]
+) -> None:
+    ticks_seen.clear()
+    switch["broken"] = True
+    tick = pendulum.now("UTC").replace(second=0, microsecond=0)
+    message = periodic_report.send_with_options(
+        scheduled_at=str(pendulum.now("UTC")), tick=tick.isoformat()
+    )
+    run_queue(broker)
+    failed = Job.objects.get(message_id=message.message_id)
+    assert failed.state == "failed"
+
+    time.sleep(2.5)  # the tick is now older than the periodic skip delay
+    switch["broken"] = False
+    action(staff, "retry_selected", [failed])
+    run_queue(broker)
+
+    retry = Job.objects.get(retry_of=failed)
+    assert (retry.state, retry.skip_reason) == ("succeeded", "")
+    assert ticks_seen == [tick, tick]  # the retry reports on the failed run's tick

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 
 import dramatiq
 import pytest
 
-from jobs.broker import redis_broker
+from jobs.broker import queues, redis_broker
 from jobs.consistency.dedup import redis_key, send_unique
 from jobs.errors import PermanentJobError
+from jobs.ledger import writer as ledger
+from jobs.ledger.operations import cancel_jobs
 from jobs.middleware.dedup import Dedup
+from jobs.models import Job
 from tests.conftest import AttemptRecorder, join, queued_messages
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("dedup_middleware")]
@@ -18,6 +23,17 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 running = threading.Event()
 proceed = threading.Event()
 key_held_during_attempts: list[bool] = []
+runs: Counter[str] = Counter()
+
+
+def run_queue(broker: dramatiq.Broker) -> None:
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join("dedup-tests")
+    finally:
+        worker.stop()
+    ledger.flush()
 
 
 @dramatiq.actor(queue_name="dedup-tests")
@@ -104,3 +120,54 @@ def test_without_the_middleware_the_key_is_never_freed(
         assert send_unique(blocking_job, "orphan", "orphan") is None
     finally:
         broker.middleware.insert(position, dedup_middleware)
+
+
+@dramatiq.actor(queue_name="dedup-tests")
+def counted_job(key: str) -> None:
+    runs[key] += 1
+
+
+def test_it_accepts_a_unique_job_again_once_the_waiting_one_is_cancelled(
+    broker: dramatiq.Broker,
+) -> None:
+    runs.clear()
+    first = send_unique(counted_job, "cancelled", "cancelled")
+    assert first is not None
+    ledger.flush()
+
+    assert cancel_jobs(Job.objects.filter(message_id=first.message_id)).done == 1
+    second = send_unique(counted_job, "cancelled", "cancelled")
+
+    assert second is not None  # not refused for the hour of JOBS_DEDUP_TTL_MS
+    run_queue(broker)
+    assert runs["cancelled"] == 1
+    assert Job.objects.get(message_id=first.message_id).state == "skipped"
+    assert Job.objects.get(message_id=second.message_id).state == "succeeded"
+
+
+def test_a_worker_skipping_a_cancelled_unique_job_frees_its_key(broker: dramatiq.Broker) -> None:
+    runs.clear()
+    message = send_unique(counted_job, "skipped", "skipped")
+    assert message is not None
+    queues.cancel([message.message_id])  # the mark alone, as a worker reads it
+
+    run_queue(broker)
+
+    assert runs["skipped"] == 0
+    assert not redis_broker().client.exists(redis_key("skipped"))
+
+
+def test_a_paused_queue_keeps_the_key_of_the_job_it_holds_back(broker: dramatiq.Broker) -> None:
+    runs.clear()
+    queues.pause("dedup-tests")
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        assert send_unique(counted_job, "paused", "paused") is not None
+        time.sleep(0.5)  # several rechecks of JOBS_PAUSE_RECHECK_MS (100 ms in the tests)
+        assert send_unique(counted_job, "paused", "paused") is None
+        queues.resume("dedup-tests")
+        join("dedup-tests")
+    finally:
+        worker.stop()
+    assert runs["paused"] == 1

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import time
 
+import dramatiq
 import pytest
+from django.test import Client
+from dramatiq.broker import MessageProxy
 
 from jobs.broker import queues
 from jobs.middleware.control import Control
+from tests.conftest import join
+from tests.jobs.observability.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
+QUEUE = "control-test"
 
 
 def test_workers_see_a_pause_within_the_refresh_interval_not_per_job(settings) -> None:
@@ -28,3 +34,52 @@ def test_workers_see_a_pause_within_the_refresh_interval_not_per_job(settings) -
     queues.resume("emails")
     time.sleep(0.35)
     assert control._current().paused == frozenset()
+
+
+class PauseRechecks(dramatiq.Middleware):
+    """Counts the deliveries a paused queue turned away (each one is a recheck)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def after_skip_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        if message.options.get("paused_requeue"):
+            self.count += 1
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def noop() -> None:
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_counts_a_paused_job_as_enqueued_once_however_often_it_is_rechecked(
+    client: Client, broker: dramatiq.Broker, settings
+) -> None:
+    settings.METRICS_TOKEN = "test-token"
+    rechecks = PauseRechecks()
+    broker.middleware.append(rechecks)
+    before = scrape(client)
+
+    queues.pause(QUEUE)
+    noop.send()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 10
+        while rechecks.count < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)  # JOBS_PAUSE_RECHECK_MS is 100 ms in the tests
+        queues.resume(QUEUE)
+        join(QUEUE)
+    finally:
+        worker.stop()
+        broker.middleware.remove(rechecks)
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert rechecks.count >= 5
+    assert delta("jobs_enqueued_total", actor="noop", queue=QUEUE) == 1
+    assert delta("jobs_processed_total", actor="noop", outcome="succeeded") == 1
+    assert delta("jobs_processed_total", actor="noop", outcome="skipped") == 0
