@@ -20,8 +20,8 @@ def ledger_before_retried_as() -> Iterator[StateApps]:
     """The database at the migration before ``retried_as``; the latest again after."""
     executor = MigrationExecutor(connection)
     latest = executor.loader.graph.leaf_nodes("jobs")
-    executor.migrate([("jobs", "0004_outbox_checkpoints")])
-    yield executor.loader.project_state([("jobs", "0004_outbox_checkpoints")]).apps
+    executor.migrate([("jobs", "0005_effect_holder")])
+    yield executor.loader.project_state([("jobs", "0005_effect_holder")]).apps
     MigrationExecutor(connection).migrate(latest)
 
 
@@ -44,7 +44,7 @@ def test_it_marks_jobs_retried_before_the_upgrade_as_retried(
             retry_of_id=retry_of,
         )
 
-    MigrationExecutor(connection).migrate([("jobs", "0005_job_retried_as")])
+    MigrationExecutor(connection).migrate([("jobs", "0006_job_retried_as")])
 
     retried_as = dict(Job.objects.values_list("message_id", "retried_as"))
     assert retried_as == {"retried": "the-retry", "the-retry": None, "never-retried": None}

@@ -17,7 +17,7 @@ def record_earlier_retries(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0004_outbox_checkpoints'),
+        ('jobs', '0005_effect_holder'),
     ]
 
     operations = [
