@@ -55,4 +55,11 @@ from project.settings import *  # noqa: E402,F403
 # see the rows the test wrote.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(TEST_TMP / "test.sqlite3")}  # noqa: F405
+# The test process keeps no database connection between uses (SQLite never does):
+# otherwise a product thread that outlives its test (the ledger's batch writer)
+# keeps a PostgreSQL connection into tests where pytest-django blocks database
+# access (the thread then dies on its next close_old_connections()) and into the
+# test database's teardown ("being accessed by other users"). Worker and web
+# subprocesses use project.settings, persistent connections included.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
