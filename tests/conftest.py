@@ -5,11 +5,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import dramatiq
 import pytest
 from django.conf import settings
+from django.db import connection
 from django_redis import get_redis_connection
 from dramatiq.broker import MessageProxy
 
@@ -31,6 +32,39 @@ def redis_server() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def database_url(database: dict[str, Any] | None = None) -> str:
+    """``DATABASE_URL`` for ``database`` (default: the one this process uses), SQLite or PostgreSQL.
+
+    Call it once the test database exists (the ``test_database_url`` fixture does),
+    so a subprocess gets the test database and not the one it was named after.
+    """
+    database = database or connection.settings_dict
+    engine = database["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        return f"sqlite:///{database['NAME']}"
+    if engine == "django.db.backends.postgresql":
+        user = quote(database.get("USER") or "", safe="")
+        password = quote(database.get("PASSWORD") or "", safe="")
+        credentials = f"{user}:{password}@" if password else f"{user}@" if user else ""
+        # A unix socket directory as the host is percent-encoded, "/" included.
+        host = quote(str(database.get("HOST") or ""), safe="")
+        port = f":{database['PORT']}" if database.get("PORT") else ""
+        options = database.get("OPTIONS") or {}
+        query = f"?{urlencode(options)}" if options else ""
+        return f"postgres://{credentials}{host}{port}/{quote(database['NAME'], safe='')}{query}"
+    raise NotImplementedError(f"no DATABASE_URL for a subprocess on {engine}")
+
+
+@pytest.fixture(scope="session")
+def test_database_url(django_db_setup: None) -> str:
+    """``DATABASE_URL`` of the session's test database, for subprocesses that share it.
+
+    Their writes are visible to the test (and the test's to them) only once
+    committed: tests using it need ``django_db(transaction=True)`` or no database.
+    """
+    return database_url()
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,11 @@ Redis address is chosen here: ``REDIS_URL`` if given (it must be disposable: the
 suite flushes it), otherwise a free local port on which ``tests/redis_server.py``
 starts a private ``redis-server`` for the session. Redis clients connect lazily,
 so nothing talks to that port before the server is up.
+
+The database is ``DATABASE_URL``'s (SQLite when unset); pytest-django creates the
+test database next to it. ``bin/test --postgres`` points ``DATABASE_URL`` at a
+private PostgreSQL cluster. Subprocesses get the test database through the
+``test_database_url`` fixture (``tests/conftest.py``), whatever the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ def _free_port() -> int:
         return port
 
 
+if os.environ.get("TEST_DATABASE", "sqlite") == "postgres" and not os.environ.get(
+    "DATABASE_URL", ""
+).startswith(("postgres://", "postgresql://")):
+    # Without this, TEST_DATABASE=postgres pytest would run on SQLite unnoticed.
+    raise RuntimeError("TEST_DATABASE=postgres needs a postgres DATABASE_URL: use bin/test")
 if not os.environ.get("REDIS_URL"):
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{_free_port()}/0"
     os.environ["TEST_MANAGED_REDIS"] = "1"
@@ -39,10 +49,17 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(TEST_TMP / "prometheus")
 
 from project.settings import *  # noqa: E402,F403
 
-# A file database (not :memory:) so worker subprocesses in e2e tests see the
-# rows the test wrote.
+# On SQLite, a file database (not :memory:) so worker subprocesses in e2e tests
+# see the rows the test wrote.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(TEST_TMP / "test.sqlite3")}  # noqa: F405
+# The test process keeps no database connection between uses (SQLite never does):
+# otherwise a product thread that outlives its test (the ledger's batch writer)
+# keeps a PostgreSQL connection into tests where pytest-django blocks database
+# access (the thread then dies on its next close_old_connections()) and into the
+# test database's teardown ("being accessed by other users"). Worker and web
+# subprocesses use project.settings, persistent connections included.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Example actors (demo_pipeline) that the tests drive; production never loads them.
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.examples"]  # noqa: F405

@@ -87,16 +87,14 @@ class WorkerProcess:
 
 
 @pytest.fixture
-def worker_env(tmp_path: Path) -> dict[str, str]:
+def worker_env(tmp_path: Path, test_database_url: str) -> dict[str, str]:
     """Environment for a subprocess that shares this test's database and Redis."""
-    database = settings.DATABASES["default"]
-    assert database["ENGINE"].endswith("sqlite3"), "e2e tests share the SQLite test file"
     mail_dir = tmp_path / "mail"
     mail_dir.mkdir()
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.worker_settings",  # shipped settings + example actors
-        "DATABASE_URL": f"sqlite:///{database['NAME']}",
+        "DATABASE_URL": test_database_url,
         "REDIS_URL": settings.REDIS_URL,
         "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
         "EMAIL_FILE_PATH": str(mail_dir),

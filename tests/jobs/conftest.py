@@ -19,14 +19,12 @@ def dedup_middleware(broker: dramatiq.Broker) -> Iterator[Dedup]:
 
 
 @pytest.fixture
-def subprocess_env() -> dict[str, str]:
+def subprocess_env(test_database_url: str) -> dict[str, str]:
     """Environment for ``python -m tests.jobs.<helper>`` sharing this test's database and Redis."""
-    database = settings.DATABASES["default"]
-    assert database["ENGINE"].endswith("sqlite3"), "subprocess tests share the SQLite test file"
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "tests.worker_settings",  # shipped settings + example actors
-        "DATABASE_URL": f"sqlite:///{database['NAME']}",
+        "DATABASE_URL": test_database_url,
         "REDIS_URL": settings.REDIS_URL,
         "PYTHONUNBUFFERED": "1",
     }

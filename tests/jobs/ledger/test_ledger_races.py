@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from jobs.ledger.writer import (
     PHASE_DELAYED,
@@ -98,12 +97,13 @@ def test_threads_inserting_the_same_messages_never_raise() -> None:
     assert set(Job.objects.values_list("state", flat=True)) == {"running"}
 
 
-def test_processes_writing_the_same_messages_in_random_order_agree() -> None:
-    database = settings.DATABASES["default"]
+def test_processes_writing_the_same_messages_in_random_order_agree(
+    test_database_url: str,
+) -> None:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "project.settings",
-        "DATABASE_URL": f"sqlite:///{database['NAME']}",
+        "DATABASE_URL": test_database_url,
     }
     procs = [
         subprocess.Popen(

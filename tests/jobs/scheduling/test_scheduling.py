@@ -99,11 +99,13 @@ def test_a_tick_outside_the_catch_up_window_is_not_run() -> None:
     assert ticks_in_queue("daily_report") == {}
 
 
-def start_schedulers(count: int, tmp_path: Path, epoch: float) -> list[subprocess.Popen[bytes]]:
+def start_schedulers(
+    count: int, tmp_path: Path, epoch: float, database_url: str
+) -> list[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "project.settings",
-        "DATABASE_URL": f"sqlite:///{tmp_path / 'sched.sqlite3'}",
+        "DATABASE_URL": database_url,
         "REDIS_URL": settings.REDIS_URL,
         # A fake clock: one cron minute per real second, shared by every process.
         "JOBS_SCHEDULER_SPEED": "60",
@@ -128,8 +130,10 @@ def start_schedulers(count: int, tmp_path: Path, epoch: float) -> list[subproces
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("count", [2, 3])
-def test_several_schedulers_enqueue_each_tick_exactly_once(count: int, tmp_path: Path) -> None:
-    schedulers = start_schedulers(count, tmp_path, epoch=time.time())
+def test_several_schedulers_enqueue_each_tick_exactly_once(
+    count: int, tmp_path: Path, test_database_url: str
+) -> None:
+    schedulers = start_schedulers(count, tmp_path, time.time(), test_database_url)
     try:
         time.sleep(5.5)  # about five fake minutes, after start-up
         # One scheduler dies mid-way; the others keep the schedule.
