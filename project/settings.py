@@ -7,6 +7,7 @@ naming the variable. See README "Configuration".
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 from email.utils import parseaddr
@@ -52,6 +53,9 @@ INSTALLED_APPS = [
     "jobs",
     "accounts",
 ]
+if importlib.util.find_spec("django.tasks") is None:
+    # Django 5.2: the django-tasks backport provides django.tasks' API as an app.
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("django_dramatiq"), "django_tasks")
 
 MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
@@ -245,6 +249,19 @@ DRAMATIQ_BROKER = {
         # last before the actor: arguments checked against its signature
         "jobs.middleware.payloads.Payloads",
     ],
+}
+
+# Django's Tasks framework (@task functions) runs on the same workers as the
+# actors; results come from the job ledger. OPTIONS take Dramatiq's actor
+# options (unset: the JOBS_* defaults above). See README "Django tasks".
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.tasks_framework.backend.DramatiqBackend",
+        "QUEUES": ["default", "exports"],
+        "OPTIONS": {
+            "result_max_bytes": env_int("JOBS_TASK_RESULT_MAX_BYTES", 64 * 1024, minimum=2),
+        },
+    }
 }
 
 # --- Email -------------------------------------------------------------------

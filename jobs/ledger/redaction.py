@@ -31,6 +31,25 @@ def redact(value: Any, *, name: str = "") -> Any:
     return value
 
 
+# In free text (exception messages, tracebacks): a secret-named key followed by its
+# value (``password=x``, ``'token': 'x'``), bearer tokens, JWTs, and the password
+# part of URLs with credentials.
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?P<key>[\w-]*(?:pass(?:word|wd)?|secret|token|api[-_]?key|private[-_]?key|credential|"
+    r"cookie|signature)[\w-]*[\"']?\s*[:=]\s*)(?P<value>[\"'][^\"'\n]*[\"']|[^\s,;)}\]]+)",
+    re.IGNORECASE,
+)
+_SECRET_IN_TEXT = re.compile(r"bearer\s+[\w.~+/=-]+|eyJ[\w-]+\.[\w-]+\.[\w-]+", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][\w+.-]*://[^/\s:@]+:)[^/\s@]+@", re.IGNORECASE)
+
+
+def redact_text(text: str) -> str:
+    """Return ``text`` with secret-looking parts masked (for errors and tracebacks)."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{REDACTED}@", text)
+    text = _SECRET_IN_TEXT.sub(REDACTED, text)
+    return _SECRET_ASSIGNMENT.sub(lambda m: f"{m['key']}{REDACTED}", text)
+
+
 def contains_redaction(value: Any) -> bool:
     if value == REDACTED:
         return True
