@@ -37,6 +37,7 @@ from dramatiq.actor import _queue_name_re
 
 from jobs.broker import redis_broker
 from jobs.consistency.outbox import message_send_on_commit
+from jobs.ledger import writer as ledger
 from jobs.observability import logcontext
 from jobs.tasks_framework import results, runner
 from jobs.tasks_framework.compat import (
@@ -179,6 +180,9 @@ class DramatiqBackend(BaseTaskBackend):
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         else:
             redis_broker().enqueue(message, delay=delay)
+            # The ledger batches its writes; a get_result() right after enqueue
+            # must find the task, so wait for this one (group commit).
+            ledger.flush()
             task_enqueued.send(type(self), task_result=result)
         return result
 
