@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
@@ -23,6 +24,7 @@ def ids(messages: Sequence[object]) -> list[str]:
     return [getattr(m, "id", "") for m in messages]
 
 
+@pytest.mark.django_db  # Django 6.1 model checks ask the database about JSON support
 def test_it_reports_a_misconfigured_tasks_setting() -> None:
     bad = {"BACKEND": BACKEND, "QUEUES": "default", "OPTIONS": {"max_retries": -1, "nope": 1}}
 
