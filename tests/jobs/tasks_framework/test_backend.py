@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import dramatiq
 import pytest
-from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.test import Client
@@ -32,6 +33,7 @@ from jobs.tasks_framework.compat import (
 from tests.conftest import join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
+T = TypeVar("T")
 calls: Counter[str] = Counter()
 
 
@@ -184,14 +186,21 @@ def test_it_honours_run_after(broker: dramatiq.Broker) -> None:
     assert result.started_at >= run_after
 
 
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    # In a thread of its own: a browser test's Playwright keeps an event loop
+    # running in the main thread for the rest of the session.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def test_it_runs_async_tasks_and_enqueues_from_async_code(broker: dramatiq.Broker) -> None:
-    result = async_to_sync(add_later.aenqueue)(20, 22)
+    result = run_coroutine(add_later.aenqueue(20, 22))
 
     run_worker(broker)
-    async_to_sync(result.arefresh)()
+    run_coroutine(result.arefresh())
 
     assert result.status == TaskResultStatus.SUCCESSFUL
-    values: list[Any] = [result.return_value, async_to_sync(add_later.aget_result)(result.id)]
+    values: list[Any] = [result.return_value, run_coroutine(add_later.aget_result(result.id))]
     assert values[0] == 42
     assert values[1].return_value == 42
 
