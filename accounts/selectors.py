@@ -7,7 +7,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
+from accounts.models import TaskRequest
 from jobs.consistency.cache import cache_loader, cached
+from jobs.tasks_framework.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 
 User = get_user_model()
 
@@ -16,6 +18,10 @@ PROFILE_NAMESPACE = "user-profile"
 
 class UserNotFound(Exception):
     pass
+
+
+class TaskNotFound(Exception):
+    """No such task, or not one this user asked for (the same answer for both)."""
 
 
 def _profile_ttl() -> float:
@@ -48,3 +54,34 @@ def user_profile(user_id: int) -> dict[str, Any]:
     if profile is None:
         raise UserNotFound(user_id)
     return profile
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def task_status(*, user_id: int, task_id: str) -> dict[str, Any]:
+    """A task's state as its requester may see it; ``TaskNotFound`` for anyone else."""
+    if not TaskRequest.objects.filter(task_id=task_id, requested_by_id=user_id).exists():
+        raise TaskNotFound(task_id)
+    try:
+        result = task_backends["default"].get_result(task_id)
+    except TaskResultDoesNotExist:
+        raise TaskNotFound(task_id) from None
+    data: dict[str, Any] = {
+        "id": result.id,
+        "task": result.task.name,
+        "status": str(result.status),
+        "enqueued_at": _iso(result.enqueued_at),
+        "started_at": _iso(result.started_at),
+        "finished_at": _iso(result.finished_at),
+        "attempts": result.attempts,
+    }
+    if result.status == TaskResultStatus.SUCCESSFUL:
+        data["result"] = result.return_value
+    elif result.status == TaskResultStatus.FAILED and result.errors:
+        # The class and last line only: a client gets what failed, not our internals.
+        error = result.errors[-1]
+        lines = error.traceback.strip().splitlines()
+        data["error"] = {"type": error.exception_class_path, "message": lines[-1] if lines else ""}
+    return data

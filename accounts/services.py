@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import smtplib
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -15,6 +16,7 @@ from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 
 from accounts import metrics
+from accounts.models import TaskRequest
 from jobs.consistency.idempotency import run_once
 from jobs.consistency.outbox import send_on_commit
 from jobs.errors import PermanentJobError
@@ -89,3 +91,37 @@ def _deliver(message: EmailMultiAlternatives) -> None:
         if 500 <= exc.smtp_code < 600:
             raise PermanentJobError(f"mail server refused: {exc.smtp_code}") from exc
         raise  # 4xx: the server asks us to try again later
+
+
+def user_export_build(*, user_id: int) -> dict[str, Any]:
+    """What we hold about ``user_id``, as JSON: the result of an export task."""
+    try:
+        user = User.objects.get(pk=user_id)
+    except User.DoesNotExist:
+        raise PermanentJobError(f"user {user_id} does not exist") from None
+    joined = getattr(user, "date_joined", None)
+    last_login = user.last_login
+    return {
+        "id": user.pk,
+        "username": user.get_username(),
+        "email": getattr(user, "email", ""),
+        "first_name": getattr(user, "first_name", ""),
+        "last_name": getattr(user, "last_name", ""),
+        "date_joined": joined.isoformat() if joined is not None else None,
+        "last_login": last_login.isoformat() if last_login is not None else None,
+    }
+
+
+def user_export_request(*, requested_by: AbstractBaseUser, user_id: int) -> str:
+    """Enqueue an export of ``user_id`` for ``requested_by``; the task id to poll.
+
+    The request record and the task's outbox row commit together: the requester
+    can read the result exactly when the task exists.
+    """
+    from accounts.tasks import user_export
+
+    with transaction.atomic():
+        result = user_export.enqueue(user_id)
+        TaskRequest.objects.create(task_id=result.id, requested_by_id=requested_by.pk)
+    logger.info("Export of user %s for user %s: task %s", user_id, requested_by.pk, result.id)
+    return result.id

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.forms import SignupForm, api_errors, api_form
 from accounts.ratelimit import Verdict, signup_allowed
-from accounts.selectors import UserNotFound, user_profile
-from accounts.services import RegistrationConflict, user_register
+from accounts.selectors import TaskNotFound, UserNotFound, task_status, user_profile
+from accounts.services import RegistrationConflict, user_export_request, user_register
 
 API_FIELDS = ("username", "email", "password")
 
@@ -135,3 +137,32 @@ def api_user_profile(request: HttpRequest, user_id: int) -> JsonResponse:
     except UserNotFound:
         return JsonResponse({"errors": {"user": [f"No user with id {user_id}."]}}, status=404)
     return JsonResponse({"data": profile})
+
+
+def _unauthenticated() -> JsonResponse:
+    return JsonResponse({"errors": {"auth": ["Log in first."]}}, status=401)
+
+
+@require_POST  # session-authenticated, so CSRF-protected like any form post
+def api_user_export(request: HttpRequest, user_id: int) -> JsonResponse:
+    if not request.user.is_authenticated:
+        return _unauthenticated()
+    if not (request.user.is_staff or request.user.pk == user_id):
+        return JsonResponse({"errors": {"user": ["You may only export yourself."]}}, status=403)
+    if not get_user_model().objects.filter(pk=user_id).exists():
+        return JsonResponse({"errors": {"user": [f"No user with id {user_id}."]}}, status=404)
+    task_id = user_export_request(requested_by=request.user, user_id=user_id)
+    response = JsonResponse({"data": {"id": task_id, "status": "READY"}}, status=202)
+    response["Location"] = reverse("api:task_status", args=[task_id])
+    return response
+
+
+@require_GET
+def api_task_status(request: HttpRequest, task_id: str) -> JsonResponse:
+    if not request.user.is_authenticated:
+        return _unauthenticated()
+    try:
+        data = task_status(user_id=request.user.pk, task_id=task_id)
+    except TaskNotFound:
+        return JsonResponse({"errors": {"task": [f"No task with id {task_id}."]}}, status=404)
+    return JsonResponse({"data": data})

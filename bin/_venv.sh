@@ -1,8 +1,10 @@
 # Sourced by bin/dev and bin/test: make .venv hold what pyproject.toml asks for.
 # Reinstalls only when pyproject.toml changed since the last install.
+# VENV names the environment (bin/test-newest builds .venv-newest the same way).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
-if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+VENV=${VENV:-.venv}
+if ! "$VENV"/bin/python -m pip --version >/dev/null 2>&1; then
   "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
   if ! "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1; then
     # Debian splits venv support out of python3.
@@ -13,15 +15,15 @@ if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
       exit 1
     fi
   fi
-  echo "==> creating .venv"
-  rm -rf .venv  # a half-made one (no pip) would otherwise stick
-  "$PYTHON" -m venv .venv
+  echo "==> creating $VENV"
+  rm -rf "$VENV"  # a half-made one (no pip) would otherwise stick
+  "$PYTHON" -m venv "$VENV"
 fi
-stamp=".venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "==> installing dependencies into .venv (pyproject.toml changed)"
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[local,test,dev]"
-  rm -f .venv/.installed-*
+  echo "==> installing dependencies into $VENV (pyproject.toml changed)"
+  "$VENV"/bin/python -m pip install --quiet --upgrade pip
+  "$VENV"/bin/python -m pip install --quiet -e ".[local,test,dev]"
+  rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

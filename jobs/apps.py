@@ -16,3 +16,7 @@ class JobsConfig(AppConfig):
         # Every process (web included) registers every app's actors, so the admin
         # can list them, retry them and show the periodic ones.
         autodiscover_modules("tasks")
+        from jobs.tasks_framework.backend import declare_pending_tasks
+
+        # Django tasks imported before the broker existed get their actors now.
+        declare_pending_tasks()

@@ -43,8 +43,11 @@ class Job(models.Model):
     worker_host = models.CharField(max_length=200, blank=True, default="")
     worker_pid = models.PositiveIntegerField(null=True, blank=True)
     error_type = models.CharField(max_length=200, blank=True, default="")
+    error_class_path = models.CharField(max_length=300, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
+    # Kept only for actors that ask for it (Django tasks): JSON, size-capped.
+    return_value = models.JSONField(null=True, blank=True)
     skip_reason = models.CharField(max_length=200, blank=True, default="")
     # The retry sent for this failed job, claimed before it is sent, so two
     # operators (or a double click) retrying the same job send it once. NULL
@@ -95,6 +98,7 @@ class JobAttempt(models.Model):
     finished_at = models.DateTimeField()
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     error_type = models.CharField(max_length=200)
+    error_class_path = models.CharField(max_length=300, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
     traceback = models.TextField(blank=True, default="")
     worker_host = models.CharField(max_length=200, blank=True, default="")

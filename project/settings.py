@@ -7,6 +7,7 @@ naming the variable. See README "Configuration".
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 from email.utils import parseaddr
@@ -14,6 +15,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import dj_database_url
+import django
 from django.core.exceptions import ImproperlyConfigured
 
 from project.env import env_bool, env_int, env_list, env_rate, env_str
@@ -52,6 +54,9 @@ INSTALLED_APPS = [
     "jobs",
     "accounts",
 ]
+if importlib.util.find_spec("django.tasks") is None:
+    # Django 5.2: the django-tasks backport provides django.tasks' API as an app.
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("django_dramatiq"), "django_tasks")
 
 MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
@@ -255,17 +260,57 @@ DRAMATIQ_BROKER = {
     ],
 }
 
+# Django's Tasks framework (@task functions) runs on the same workers as the
+# actors; results come from the job ledger. OPTIONS take Dramatiq's actor
+# options (unset: the JOBS_* defaults above). See README "Django tasks".
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.tasks_framework.backend.DramatiqBackend",
+        "QUEUES": ["default", "exports"],
+        "OPTIONS": {
+            "result_max_bytes": env_int("JOBS_TASK_RESULT_MAX_BYTES", 64 * 1024, minimum=2),
+        },
+    }
+}
+
 # --- Email -------------------------------------------------------------------
 
-EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
-EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
-EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
-EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
-EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+# Files under var/mail/ in development; SMTP in production (Django 6.1's deploy
+# check refuses the development-only backends there).
+_EMAIL_BACKEND = env_str(
+    "EMAIL_BACKEND",
+    f"django.core.mail.backends.{'filebased' if DEBUG else 'smtp'}.EmailBackend",
+)
+_EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+_EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+_EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+_EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Signup <noreply@localhost>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
 # Site admins get the daily report and watchdog alerts: "Ada <ada@example.com>, ops@example.com"
-ADMINS = [parseaddr(item) for item in env_list("DJANGO_ADMINS", ["Admin <admin@localhost>"])]
+_ADMINS = env_list("DJANGO_ADMINS", ["Admin <admin@localhost>"])
+if django.VERSION >= (6, 1):
+    # Django 6.1 replaces the EMAIL_* settings with MAILERS (and refuses both at
+    # once), and takes ADMINS as address strings. The environment stays the same.
+    if _EMAIL_BACKEND.endswith(".smtp.EmailBackend"):
+        _mailer_options: dict[str, object] = {
+            "host": _EMAIL_HOST,
+            "port": _EMAIL_PORT,
+            "timeout": _EMAIL_TIMEOUT,
+        }
+    elif _EMAIL_BACKEND.endswith(".filebased.EmailBackend"):
+        _mailer_options = {"file_path": _EMAIL_FILE_PATH}
+    else:
+        _mailer_options = {}
+    MAILERS = {"default": {"BACKEND": _EMAIL_BACKEND, "OPTIONS": _mailer_options}}
+    ADMINS: list[str] | list[tuple[str, str]] = _ADMINS
+else:
+    EMAIL_BACKEND = _EMAIL_BACKEND
+    EMAIL_FILE_PATH = _EMAIL_FILE_PATH
+    EMAIL_HOST = _EMAIL_HOST
+    EMAIL_PORT = _EMAIL_PORT
+    EMAIL_TIMEOUT = _EMAIL_TIMEOUT
+    ADMINS = [parseaddr(item) for item in _ADMINS]
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 
 # --- Signup ------------------------------------------------------------------

@@ -173,3 +173,11 @@ def _in_process_timings(request: pytest.FixtureRequest, settings: Any) -> None:
 def join(queue_name: str, *, timeout_ms: int = 15_000) -> None:
     """Wait until ``queue_name`` (waiting, delayed and in-flight) is empty."""
     dramatiq.get_broker().join(queue_name, timeout=timeout_ms)
+
+
+def use_mail_backend(settings: Any, backend: str) -> None:
+    """Point the default mailer at ``backend``: MAILERS on Django 6.1+, EMAIL_BACKEND before."""
+    if hasattr(settings, "MAILERS"):
+        settings.MAILERS = {"default": {"BACKEND": backend}}
+    else:
+        settings.EMAIL_BACKEND = backend

@@ -215,8 +215,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 asks per location (change list or form); 5.2 has no locations.
+        location = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **location)
         actions.pop("delete_selected", None)  # loads every row; ours works in batches
         return actions
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +38,7 @@ from jobs.observability import logcontext
 logger = logging.getLogger(__name__)
 CLAIM = timedelta(seconds=30)
 BATCH = 200
+_ETA = "outbox_eta"
 
 
 def send_on_commit(actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -> OutboxMessage:
@@ -44,7 +46,19 @@ def send_on_commit(actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -
     request_id = logcontext.current().get("request_id")
     options = {"request_id": request_id} if request_id else {}
     message = actor.message_with_options(args=args, kwargs=kwargs, **options)
+    return message_send_on_commit(message)
+
+
+def message_send_on_commit(
+    message: dramatiq.Message[Any], *, delay_ms: int | None = None
+) -> OutboxMessage:
+    """``send_on_commit`` for a message built already; ``delay_ms`` counts from now."""
     check_size(message)  # refuse now, in the request, not later in the relay
+    if delay_ms is not None:
+        # The due time, not the delay: a row published late by the relay must
+        # not wait its whole delay again.
+        eta = int(time.time() * 1000) + delay_ms
+        message = message.copy(options={_ETA: eta})
     row = OutboxMessage.objects.create(
         message_id=message.message_id,
         actor_name=message.actor_name,
@@ -78,7 +92,10 @@ def publish(row_ids: list[int]) -> int:
         if row is None:
             continue
         try:
-            broker.enqueue(dramatiq.Message(**row.payload))
+            options = dict(row.payload.get("options", {}))
+            eta, now = options.pop(_ETA, None), time.time() * 1000
+            delay = None if eta is None or eta <= now else int(eta - now)
+            broker.enqueue(dramatiq.Message(**{**row.payload, "options": options}), delay=delay)
         except Exception as exc:
             retry_at = timezone.now() + _backoff(row.attempts)
             OutboxMessage.objects.filter(pk=row.pk).update(

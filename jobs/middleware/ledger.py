@@ -21,7 +21,7 @@ from dramatiq.common import q_name
 
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
-from jobs.ledger.redaction import redact
+from jobs.ledger.redaction import redact, redact_text
 from jobs.ledger.writer import (
     PHASE_DELAYED,
     PHASE_ENQUEUED,
@@ -96,16 +96,31 @@ def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy
 
 
 def _error_fields(exception: BaseException) -> dict[str, Any]:
-    text = "".join(traceback.format_exception(exception))
+    # Messages and tracebacks are shown in the admin and to task result readers:
+    # a secret that slipped into an exception message must not be.
+    text = redact_text("".join(traceback.format_exception(exception)))
+    kind = type(exception)
     return {
-        "error_type": type(exception).__name__,
-        "error_message": str(exception)[:MAX_TEXT],
+        "error_type": kind.__name__,
+        "error_class_path": f"{kind.__module__}.{kind.__qualname__}"[:300],
+        "error_message": redact_text(str(exception))[:MAX_TEXT],
         "traceback": text[-MAX_TEXT:],
     }
 
 
+def _stores_return_value(broker: Broker, message: MessageProxy) -> bool:
+    actor = broker.actors.get(message.actor_name)
+    return bool(actor is not None and actor.options.get("store_return_value"))
+
+
 class Ledger(dramatiq.Middleware):
-    """Records every message's state, attempts, timings and failures."""
+    """Records every message's state, attempts, timings and failures.
+
+    An actor with ``store_return_value=True`` (the Django tasks backend's) also
+    has its return value kept; it must already be JSON-safe and size-capped.
+    """
+
+    actor_options = {"store_return_value"}
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number, row fields):
@@ -173,6 +188,8 @@ class Ledger(dramatiq.Middleware):
             "duration_ms": int((time.monotonic() - started_mono) * 1000),
         }
         if exception is None:
+            if _stores_return_value(broker, message):
+                timing["return_value"] = result
             # Waited for, like a failure: once the message is acked nothing in
             # Redis says the job ran, so a success lost with a killed worker's
             # batch could only be guessed. Group commit keeps the cost to one

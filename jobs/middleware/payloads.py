@@ -39,8 +39,10 @@ class InvalidPayload(PermanentJobError, MiddlewareError):
 def build_validator(fn: Callable[..., Any]) -> Validator:
     # Decorators (rate limits, locks) wrap actors with functools.wraps: validate
     # against the function underneath, resolving its hints in its own module.
-    fn = inspect.unwrap(fn)
+    # A wrapper may also declare the signature callers see with ``__signature__``
+    # (a Django task taking ``context`` hides that first parameter).
     signature = inspect.signature(fn)
+    fn = inspect.unwrap(fn)
     hints = typing.get_type_hints(fn)
     adapters = {
         name: TypeAdapter(hints[name])

@@ -135,7 +135,6 @@ def report_send(report: DailyReport) -> bool:
             f"Daily report {report.date.isoformat()}",
             report.text,
             html_message=report.html,
-            fail_silently=False,
         )
 
     sent = run_once(f"daily-report-mail:{report.date.isoformat()}", send)

@@ -274,11 +274,16 @@ def alert(findings: list[Finding]) -> int:
         if not client.set(MAILED_KEY.format(kind), "1", nx=True, ex=window):
             continue
         lines = [f"- {f.subject}: {json.dumps(f.detail, default=str)}" for f in items]
-        mail_admins(
-            f"Watchdog: {len(items)} {kind.replace('_', ' ')}",
-            "\n".join(lines) + f"\n\nNo further mail about this for {window // 60} minutes.",
-            fail_silently=True,
-        )
+        try:
+            mail_admins(
+                f"Watchdog: {len(items)} {kind.replace('_', ' ')}",
+                "\n".join(lines) + f"\n\nNo further mail about this for {window // 60} minutes.",
+            )
+        except Exception:
+            # An alert mail that cannot go out must not stop the watchdog; the
+            # findings are logged and in the metrics all the same.
+            logger.warning("Watchdog: could not mail the admins about %s", kind, exc_info=True)
+            continue
         sent += 1
     return sent
 

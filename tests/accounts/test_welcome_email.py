@@ -17,7 +17,7 @@ from django.core.mail.backends.locmem import EmailBackend as LocmemBackend
 from accounts.tasks import send_welcome_email
 from jobs.errors import PermanentJobError
 from jobs.models import EffectRecord
-from tests.conftest import AttemptRecorder, dead_messages, join
+from tests.conftest import AttemptRecorder, dead_messages, join, use_mail_backend
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,7 +111,7 @@ def test_a_wrong_payload_type_fails_permanently(
 def test_a_refused_recipient_is_permanent(
     worker: dramatiq.Worker, attempts: AttemptRecorder, settings
 ) -> None:
-    settings.EMAIL_BACKEND = f"{__name__}.RefusingSMTPBackend"
+    use_mail_backend(settings, f"{__name__}.RefusingSMTPBackend")
     user = make_user()
 
     send_welcome_email.send(user.pk)
@@ -126,7 +126,7 @@ def test_a_refused_recipient_is_permanent(
 def test_a_dropped_smtp_connection_is_retried_with_growing_delays(
     worker: dramatiq.Worker, attempts: AttemptRecorder, settings
 ) -> None:
-    settings.EMAIL_BACKEND = f"{__name__}.FlakySMTPBackend"
+    use_mail_backend(settings, f"{__name__}.FlakySMTPBackend")
     FlakySMTPBackend.failures_left = 2
     user = make_user()
 
@@ -147,7 +147,7 @@ def test_a_dropped_smtp_connection_is_retried_with_growing_delays(
 def test_transient_failures_stop_after_three_attempts(
     worker: dramatiq.Worker, attempts: AttemptRecorder, settings
 ) -> None:
-    settings.EMAIL_BACKEND = f"{__name__}.FlakySMTPBackend"
+    use_mail_backend(settings, f"{__name__}.FlakySMTPBackend")
     FlakySMTPBackend.failures_left = 10
     user = make_user()
 
