@@ -194,15 +194,17 @@ def _key(moment: datetime, unit: str) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")[: TimeBucket.FORMATS[unit][0]]
 
 
-def _aggregate(unit: str, start: datetime, end: datetime | None = None) -> dict[str, Bucket]:
-    """One aggregate query over ``jobs_job_finished_cover`` (state, finished_at,
-    actor, duration, attempts): it never reads the table, and returns at most
-    buckets x states x actors x duration classes rows, whatever the ledger holds.
+def chart_queryset(unit: str, start: datetime, end: datetime | None) -> Any:
+    """Finished jobs grouped by bucket, state, retried, actor and duration class.
+
+    Reads only ``jobs_job_finished_cover`` (state, finished_at, actor, duration,
+    attempts), never the table, and returns at most buckets x states x actors x
+    duration classes rows, whatever the ledger holds.
     """
     finished = Job.objects.filter(state__in=sorted(states.TERMINAL_STATES), finished_at__gte=start)
     if end is not None:
         finished = finished.filter(finished_at__lt=end)
-    rows = (
+    return (
         finished.annotate(
             bucket=TimeBucket("finished_at", unit),
             retried=Case(When(Q(attempts__gt=1), then=Value(1)), default=Value(0)),
@@ -212,6 +214,10 @@ def _aggregate(unit: str, start: datetime, end: datetime | None = None) -> dict[
         .annotate(n=Count("*"))
         .order_by()
     )
+
+
+def _aggregate(unit: str, start: datetime, end: datetime | None = None) -> dict[str, Bucket]:
+    rows = chart_queryset(unit, start, end)
     buckets: dict[str, Bucket] = {}
     for key, state, retried, actor, duration_class, n in rows:
         bucket = buckets.setdefault(key, Bucket())
