@@ -44,9 +44,11 @@ def test_the_dashboard_charts_show_succeeded_failed_and_retried_jobs(
         assert bar_total(page, chart, "skipped") == 0
         # The bars are drawn, not only present in the markup
         box = page.locator(f"#{chart} rect[data-series='failed']").first.bounding_box()
-        assert box is not None and box["height"] > 1
+        assert box is not None
+        assert box["height"] > 1
     legend = page.locator("#finished-per-minute .legend").inner_text()
-    assert "failed 2" in legend and "retried 3" in legend
+    assert "failed 2" in legend
+    assert "retried 3" in legend
     line = page.locator("#p95-per-minute g[data-series='outcome']")
     assert line.get_attribute("data-points") == "1"
     # Text follows the admin theme's colour, not a fixed black
@@ -54,7 +56,8 @@ def test_the_dashboard_charts_show_succeeded_failed_and_retried_jobs(
     body_fg = page.evaluate(
         "getComputedStyle(document.documentElement).getPropertyValue('--body-quiet-color')"
     )
-    assert tick_fill and body_fg.strip()
+    assert tick_fill
+    assert body_fg.strip()
 
     screenshot(page, "admin-dashboard-charts")
     page.locator(".charts").first.screenshot(path=str(DOCS_IMAGE))
