@@ -37,6 +37,7 @@ def outcome(kind: str, key: str) -> None:
 
 
 def run_mix(broker: dramatiq.Broker, succeed: int, fail: int, retry: int) -> None:
+    failed_once.clear()  # each run's "retry" jobs fail their first attempt again
     for i in range(succeed):
         outcome.send("ok", f"ok-{i}")
     for i in range(fail):
