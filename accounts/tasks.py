@@ -17,7 +17,8 @@ def _welcome_email_rate() -> int:
     return int(getattr(settings, "WELCOME_EMAIL_RATE_PER_SECOND", 10))
 
 
-@dramatiq.actor(queue_name="emails", time_limit=60_000)
+# refers_to: the admin links this job to the user, and the user to their jobs.
+@dramatiq.actor(queue_name="emails", time_limit=60_000, refers_to={"user_id": "auth.User"})
 # The mail provider's rate: over it the job is delayed and retried, never failed.
 @rate_limited("welcome-email", limit=_welcome_email_rate)
 def send_welcome_email(user_id: int) -> None:

@@ -10,9 +10,10 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from jobs.checks import check_lock_ttls
+        from jobs.checks import check_lock_ttls, check_references
 
         checks.register(check_lock_ttls, "jobs")
+        checks.register(check_references, "jobs")
         # Every process (web included) registers every app's actors, so the admin
         # can list them, retry them and show the periodic ones.
         autodiscover_modules("tasks")

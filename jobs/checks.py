@@ -1,5 +1,8 @@
 """System checks of the job platform (``manage.py check``, start-up of every command).
 
+``jobs.E001``: an actor's ``refers_to`` names an argument it does not take or a
+model that does not exist (the admin could not link its jobs).
+
 ``jobs.W001``: an actor holds a lock without renewal whose TTL is shorter than the
 actor's time limit. Such a job can outlive its lock: the lock expires, a second
 worker takes it, and both run the critical section at once.
@@ -11,10 +14,11 @@ from typing import Any
 
 import dramatiq
 from django.conf import settings
-from django.core.checks import CheckMessage, Warning
+from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import autodiscover_modules
 
 from jobs.consistency.locks import lock_declarations
+from jobs.ledger.references import declaration_errors
 
 
 def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -41,3 +45,7 @@ def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
                 )
             )
     return warnings
+
+
+def check_references(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [Error(problem, id="jobs.E001") for problem in declaration_errors()]

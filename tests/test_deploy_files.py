@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -52,3 +53,20 @@ def test_the_dockerfile_builds_what_compose_runs() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert ".[postgres]" in dockerfile
     assert "collectstatic" in dockerfile
+
+
+def test_the_observability_profile_wires_grafana_to_prometheus() -> None:
+    services = compose()["services"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert prometheus["profiles"] == grafana["profiles"] == ["observability"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
+    datasource = yaml.safe_load(
+        (ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"][0]
+    assert datasource["url"] == "http://prometheus:9090"
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/jobs.json").read_text())
+    uids = {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]}
+    assert uids == {datasource["uid"]}
+    # The app services stay out of the profile: a plain `up` runs them
+    assert "profiles" not in services["web"]

@@ -1,4 +1,4 @@
-"""Figures for the admin dashboard: queues from Redis, outcomes from the ledger."""
+"""Figures for the admin dashboard: queues from Redis, outcomes and charts from the ledger."""
 
 from __future__ import annotations
 
@@ -6,10 +6,52 @@ from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
+from jobs.admin import charts
 from jobs.broker import queues
-from jobs.ledger.figures import actor_figures, failure_rate, state_counts
+from jobs.ledger.figures import (
+    LAST_DAY,
+    LAST_HOUR,
+    OUTCOMES,
+    Timeline,
+    actor_figures,
+    failure_rate,
+    state_counts,
+    timeline,
+)
 from jobs.models import Job
+
+# Tick labels: every 10th minute of the hour, every 3rd hour of the day.
+TICK_EVERY = {"minute": 10, "hour": 3}
+
+
+def timeline_charts(line: Timeline) -> tuple[SafeString, SafeString]:
+    unit = line.window.unit
+    labels = [start.strftime("%H:%M") for start in line.starts]
+    outcomes = [charts.Series(o, line.outcomes[o], f"s-{o}") for o in OUTCOMES]
+    durations = [
+        charts.Series(actor, values, f"s-{i % 6}")
+        for i, (actor, values) in enumerate(line.p95_ms.items())
+    ]
+    every = TICK_EVERY[unit]
+    return (
+        charts.stacked_bars(
+            f"finished-per-{unit}",
+            f"Jobs finished per {unit}, {line.window.label.split(',')[0].lower()} (UTC)",
+            labels,
+            outcomes,
+            every=every,
+        ),
+        charts.lines(
+            f"p95-per-{unit}",
+            f"p95 duration per actor, per {unit}",
+            labels,
+            durations,
+            every=every,
+            unit="ms",
+        ),
+    )
 
 
 def dashboard_context() -> dict[str, Any]:
@@ -18,5 +60,6 @@ def dashboard_context() -> dict[str, Any]:
         "queues": queues.all_queue_stats(),
         "states": Job.State.values,
         "counts": [("Last hour", hour, failure_rate(hour)), ("Last day", day, failure_rate(day))],
+        "charts": [timeline_charts(timeline(LAST_HOUR)), timeline_charts(timeline(LAST_DAY))],
         "actors": actor_figures(timezone.now() - timedelta(days=1)),
     }

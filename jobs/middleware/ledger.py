@@ -22,6 +22,8 @@ from dramatiq.common import q_name
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
 from jobs.ledger.redaction import redact, redact_text
+from jobs.ledger.references import OPTION as REFERS_TO
+from jobs.ledger.references import subject_of
 from jobs.ledger.writer import (
     PHASE_DELAYED,
     PHASE_ENQUEUED,
@@ -83,7 +85,9 @@ def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy)
 
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
+    actor = broker.get_actor(message.actor_name)
     return {
+        "subject": subject_of(actor, message.args, message.kwargs),
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
         "args": redact(list(message.args)),
@@ -121,6 +125,9 @@ class Ledger(dramatiq.Middleware):
     """
 
     actor_options = {"store_return_value"}
+
+    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references.
+    actor_options = {REFERS_TO}
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number, row fields):

@@ -19,8 +19,10 @@ from jobs.ledger.writer import TERMINAL
 from jobs.models import Job
 
 ACTORS = (("send_welcome_email", "emails"), ("daily_report", "reports"), ("watchdog", "default"))
-# Out of every 100 rows: 90 succeeded, 7 failed, 3 enqueued.
-STATE_MIX = [states.SUCCEEDED] * 90 + [states.FAILED] * 7 + [states.ENQUEUED] * 3
+# Out of every 100 rows: 89 succeeded, 7 failed, 1 skipped, 3 enqueued.
+STATE_MIX = [states.SUCCEEDED] * 89 + [states.FAILED] * 7 + [states.SKIPPED] + [states.ENQUEUED] * 3
+# Durations spread over the histogram's buckets, so percentiles have work to do.
+DURATIONS_MS = (3, 8, 12, 20, 35, 60, 90, 150, 400, 1_200, 2_500)
 
 
 class Command(BaseCommand):
@@ -51,19 +53,25 @@ class Command(BaseCommand):
         # Oldest first, so ids and enqueue times grow together as in real life.
         enqueued = now - timedelta(seconds=(count - index) * 0.5)
         finished = state in states.TERMINAL_STATES
+        ran = state in (states.SUCCEEDED, states.FAILED)
+        duration = DURATIONS_MS[(index * 7) % len(DURATIONS_MS)]
+        # Every 20th succeeded job needed a retry.
+        attempts = (2 if index % 20 == 0 else 1) if ran else 0
         return Job(
             message_id=str(uuid.uuid4()),
             actor_name=actor,
             queue_name=queue,
             state=state,
             progress=TERMINAL if finished else 2,
-            attempts=1 if finished else 0,
+            attempts=attempts,
             max_attempts=3,
             args=[index],
+            subject=f"auth.user:{index}" if actor == "send_welcome_email" else "",
             enqueued_at=enqueued,
-            started_at=enqueued if finished else None,
-            finished_at=enqueued + timedelta(milliseconds=12) if finished else None,
-            duration_ms=12 if finished else None,
+            started_at=enqueued if ran else None,
+            finished_at=enqueued + timedelta(milliseconds=duration) if finished else None,
+            duration_ms=duration if ran else None,
+            skip_reason="age limit" if state == states.SKIPPED else "",
             error_type="SMTPServerDisconnected" if state == states.FAILED else "",
             error_message="Connection unexpectedly closed" if state == states.FAILED else "",
         )

@@ -1,0 +1,101 @@
+"""From a user to their jobs and back, through the actor's refers_to declaration."""
+
+from __future__ import annotations
+
+import dramatiq
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.checks import run_checks
+from django.test import Client
+
+from accounts.tasks import send_welcome_email
+from jobs.ledger import writer as ledger
+from jobs.ledger.references import references, subject_of
+from jobs.models import Job
+from tests.jobs.admin.test_admin import staff  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIST = "/admin/jobs/job/"
+
+
+@dramatiq.actor(queue_name="links-test", refers_to={"report_id": "jobs.DailyReport"})
+def rebuild_report(note: str, report_id: int) -> None:
+    pass
+
+
+def welcome_job_for(user: User) -> Job:
+    message = send_welcome_email.send(user.pk)
+    ledger.flush()
+    return Job.objects.get(message_id=message.message_id)
+
+
+def test_it_records_the_object_an_actor_declares_as_the_jobs_subject() -> None:
+    ada = User.objects.create_user("ada", "ada@example.com", "pw")
+    job = welcome_job_for(ada)
+    assert job.subject == f"auth.user:{ada.pk}"
+    # By keyword, by position after another argument, and not for a non-id value
+    assert subject_of(rebuild_report, ["x"], {"report_id": 3}) == "jobs.dailyreport:3"
+    assert subject_of(rebuild_report, ["x", 4], {}) == "jobs.dailyreport:4"
+    assert references(rebuild_report, ["x", [1, 2]], {}) == []
+
+
+def test_the_user_page_links_to_that_users_jobs_only(staff: Client) -> None:  # noqa: F811
+    ada = User.objects.create_user("ada", "ada@example.com", "pw")
+    bob = User.objects.create_user("bob", "bob@example.com", "pw")
+    adas, bobs = welcome_job_for(ada), welcome_job_for(bob)
+
+    page = staff.get(f"/admin/auth/user/{ada.pk}/change/").content.decode()
+    link = f'href="{LIST}?subject=auth.user%3A{ada.pk}"'
+    assert link in page, page[-3000:]
+
+    listed = staff.get(LIST, {"subject": f"auth.user:{ada.pk}"}).content.decode()
+    assert adas.message_id in listed
+    assert bobs.message_id not in listed
+
+
+def test_a_jobs_page_links_to_the_user_its_arguments_name(staff: Client) -> None:  # noqa: F811
+    ada = User.objects.create_user("ada", "ada@example.com", "pw")
+    job = welcome_job_for(ada)
+
+    page = staff.get(f"{LIST}{job.pk}/change/").content.decode()
+    assert f'href="/admin/auth/user/{ada.pk}/change/"' in page
+    assert f"auth.user:{ada.pk}" in page
+
+
+def test_a_page_of_an_object_no_actor_names_has_no_jobs_link(staff: Client) -> None:  # noqa: F811
+    ada = User.objects.create_user("ada", "ada@example.com", "pw")
+    group = Group.objects.create(name="ops")
+    user_page = staff.get(f"/admin/auth/user/{ada.pk}/change/").content.decode()
+    page = staff.get(f"/admin/auth/group/{group.pk}/change/").content.decode()
+    assert 'class="jobslink"' in user_page
+    assert 'class="jobslink"' not in page
+
+
+def test_search_finds_an_objects_jobs_by_subject_and_recent_jobs_by_argument(
+    staff: Client,  # noqa: F811
+) -> None:
+    ada = User.objects.create_user("ada", "ada@example.com", "pw")
+    job = welcome_job_for(ada)
+    other = rebuild_report.send("needle-in-args", 1).message_id
+    ledger.flush()
+
+    by_subject = staff.get(LIST, {"q": f"auth.user:{ada.pk}"}).content.decode()
+    by_text = staff.get(LIST, {"q": "needle-in"}).content.decode()
+    assert job.message_id in by_subject
+    assert other not in by_subject
+    assert other in by_text
+    assert job.message_id not in by_text
+
+
+def test_a_declaration_naming_an_unknown_argument_fails_the_checks() -> None:
+    @dramatiq.actor(queue_name="links-test", refers_to={"customer": "nope.Model"})
+    def broken_declaration(user_id: int) -> None:
+        pass
+
+    try:
+        errors = [e for e in run_checks() if e.id == "jobs.E001"]
+    finally:
+        del dramatiq.get_broker().actors["broken_declaration"]
+    messages = " ".join(e.msg for e in errors)
+    assert "'customer', not an argument" in messages
+    assert "no such model" in messages
