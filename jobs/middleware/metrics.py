@@ -6,6 +6,7 @@ already tells a final failure from one that will be retried.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from typing import Any
@@ -67,12 +68,28 @@ class Metrics(dramatiq.Middleware):
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         self._heartbeat = Heartbeat()
         self._heartbeat.start()
+        _forget_live_gauges_at_exit()
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            from prometheus_client import multiprocess
 
-            pid = metrics.process_identifier()
-            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+_exit_hook_registered = False
+
+
+def _forget_live_gauges_at_exit() -> None:
+    """Drop this process's live gauges (jobs_in_progress, ...) when it exits.
+
+    At exit, not when a worker stops: ``mark_process_dead`` deletes the files
+    this process keeps writing to, so a process that goes on after stopping a
+    worker (a web process with an embedded worker, the tests) would vanish
+    from every live gauge for the rest of its life.
+    """
+    global _exit_hook_registered
+    if _exit_hook_registered or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    from prometheus_client import multiprocess
+
+    atexit.register(multiprocess.mark_process_dead, metrics.process_identifier())
+    _exit_hook_registered = True
