@@ -56,6 +56,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
+    # a lost database connection (PostgreSQL restarting) is a 503, not a 500
+    "jobs.observability.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
