@@ -235,3 +235,15 @@ def system() -> Iterator[System]:
             shutil.rmtree(directory, ignore_errors=True)
         else:
             print(f"\nmultihost logs kept in {directory}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A minute of namespaces, PostgreSQL and ten processes: run once in CI, on
+    # request (-m multihost), not in every bin/test of the suite.
+    expression = str(config.getoption("-m") or "")
+    if "multihost" in expression and "not multihost" not in expression:
+        return
+    skip = pytest.mark.skip(reason="multihost: run with -m multihost (needs root)")
+    for item in items:
+        if "multihost" in item.keywords:
+            item.add_marker(skip)
