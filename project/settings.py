@@ -19,6 +19,7 @@ import django
 from django.core.exceptions import ImproperlyConfigured
 
 from project.env import env_bool, env_int, env_list, env_rate, env_str
+from project.redis_sentinels import cache_location, sentinel_config
 from project.redis_urls import split_redis_url, with_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -60,6 +61,8 @@ if importlib.util.find_spec("django.tasks") is None:
 
 MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
+    # a lost database connection (PostgreSQL restarting) is a 503, not a 500
+    "jobs.observability.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -117,6 +120,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 BROKER_REDIS_URL, CACHE_REDIS_URL = split_redis_url("REDIS_URL", REDIS_URL)
 
+# With Sentinel, REDIS_URL's host is ignored: the primary is whichever server the
+# Sentinels name now (README "Running on several hosts").
+REDIS_SENTINEL = sentinel_config(
+    "REDIS_SENTINELS",
+    env_str("REDIS_SENTINELS", ""),
+    "REDIS_SENTINEL_MASTER",
+    env_str("REDIS_SENTINEL_MASTER", ""),
+)
+
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
@@ -129,6 +141,18 @@ CACHES = {
         },
     }
 }
+if REDIS_SENTINEL is not None:
+    _sentinels, _master = REDIS_SENTINEL
+    # DefaultClient, not django-redis's SentinelClient: that one reads from
+    # replicas, and a lagging replica would serve a value the cache just
+    # invalidated after a commit. Every read and write goes to the primary.
+    CACHES["default"]["LOCATION"] = cache_location(_master, CACHE_REDIS_URL)
+    CACHES["default"]["OPTIONS"].update(  # type: ignore[attr-defined]
+        {
+            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+            "SENTINELS": _sentinels,
+        }
+    )
 
 # --- Jobs (Dramatiq) ---------------------------------------------------------
 
@@ -144,6 +168,13 @@ JOBS_TIME_LIMIT_MS = env_int("JOBS_TIME_LIMIT_MS", 10 * 60_000, minimum=1)
 # and how long after commit a row is left to its committer. 0 turns it off.
 JOBS_OUTBOX_RELAY_INTERVAL_MS = env_int("JOBS_OUTBOX_RELAY_INTERVAL_MS", 2000, minimum=0)
 JOBS_OUTBOX_GRACE_MS = env_int("JOBS_OUTBOX_GRACE_MS", 2000, minimum=0)
+# A row is marked sent once this many replicas confirmed its message (WAIT), so
+# a Sentinel failover cannot lose it: on by default under Sentinel, where a
+# replica exists by design. The timeout bounds what a request waits for it.
+JOBS_OUTBOX_WAIT_REPLICAS = env_int(
+    "JOBS_OUTBOX_WAIT_REPLICAS", 1 if REDIS_SENTINEL else 0, minimum=0
+)
+JOBS_OUTBOX_WAIT_TIMEOUT_MS = env_int("JOBS_OUTBOX_WAIT_TIMEOUT_MS", 500, minimum=1)
 
 # Messages larger than this are refused when sent (pass ids, not data).
 JOBS_MAX_PAYLOAD_BYTES = env_int("JOBS_MAX_PAYLOAD_BYTES", 64 * 1024, minimum=256)
@@ -228,6 +259,9 @@ DRAMATIQ_BROKER = {
         # How long a worker may be silent before its unacked messages are given
         # to other workers (Dramatiq's default is 60 s).
         "heartbeat_timeout": JOBS_HEARTBEAT_TIMEOUT_MS,
+        # None unless REDIS_SENTINELS is set: then the URL's host is not used.
+        "sentinels": REDIS_SENTINEL[0] if REDIS_SENTINEL else None,
+        "sentinel_master": REDIS_SENTINEL[1] if REDIS_SENTINEL else None,
     },
     # Listing middleware replaces Dramatiq's defaults, so every one we rely on is
     # written out; dropping one here silently drops its behaviour. Dramatiq runs

@@ -70,3 +70,24 @@ def test_the_observability_profile_wires_grafana_to_prometheus() -> None:
     assert uids == {datasource["uid"]}
     # The app services stay out of the profile: a plain `up` runs them
     assert "profiles" not in services["web"]
+
+
+def test_the_ha_profile_adds_a_replica_and_three_sentinels_and_app_services_can_use_them() -> None:
+    services = compose()["services"]
+    ha = {name for name, service in services.items() if "ha" in service.get("profiles", [])}
+    assert ha == {"redis-replica", "sentinel1", "sentinel2", "sentinel3"}
+    assert "--replicaof" in command_of(services["redis-replica"])
+    for name in ("sentinel1", "sentinel2", "sentinel3"):
+        script = " ".join(command_of(services[name]))
+        assert "sentinel monitor mymaster redis 6379 2" in script, name
+        assert "--sentinel" in script, name
+    for name in ("web", "worker", "scheduler", "migrate"):
+        env = services[name]["environment"]
+        assert "REDIS_SENTINELS" in env, name
+        assert "REDIS_SENTINEL_MASTER" in env, name
+
+
+def test_the_worker_scales_without_fixed_names_or_host_ports() -> None:
+    worker = compose()["services"]["worker"]
+    assert "container_name" not in worker
+    assert "ports" not in worker

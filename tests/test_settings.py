@@ -11,6 +11,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from project.env import Rate, parse_rate
+from project.redis_sentinels import cache_location, parse_sentinels
 from project.redis_urls import split_redis_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,10 +44,18 @@ def start_django(**env: str) -> subprocess.CompletedProcess[str]:
         ("SIGNUP_RATE_LIMIT", "ten per minute"),
         ("JOBS_MAX_RETRIES", "-1"),
         ("JOBS_MIN_BACKOFF_MS", "5s"),
+        ("REDIS_SENTINELS", "10.0.0.1"),
+        ("REDIS_SENTINELS", "10.0.0.1:26379,:26379"),
+        ("REDIS_SENTINELS", "10.0.0.1:port"),
+        ("REDIS_SENTINEL_MASTER", "My Master"),
     ],
 )
 def test_a_malformed_variable_fails_start_up_naming_it(name: str, value: str) -> None:
-    result = start_django(**{name: value})
+    # The Sentinel pair only means something together: the other half is valid.
+    pair = {"REDIS_SENTINELS": "127.0.0.1:26379", "REDIS_SENTINEL_MASTER": "mymaster"}
+    pair.pop(name, None)
+    extra = pair if name.startswith("REDIS_SENTINEL") else {}
+    result = start_django(**{**extra, name: value})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert name in result.stderr
@@ -64,6 +73,30 @@ def test_production_settings_pass_the_deploy_check() -> None:
         "check", "--deploy", "--fail-level", "WARNING", DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secret
     )
     assert result.returncode == 0, result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("name", ["REDIS_SENTINELS", "REDIS_SENTINEL_MASTER"])
+def test_it_refuses_half_of_the_sentinel_pair(name: str) -> None:
+    value = {"REDIS_SENTINELS": "127.0.0.1:26379", "REDIS_SENTINEL_MASTER": "mymaster"}[name]
+    result = start_django(**{name: value})
+    assert result.returncode != 0
+    other = "REDIS_SENTINEL_MASTER" if name == "REDIS_SENTINELS" else "REDIS_SENTINELS"
+    assert f"ImproperlyConfigured: {other} must be set too" in result.stderr
+
+
+def test_it_parses_sentinel_addresses() -> None:
+    assert parse_sentinels("S", "10.0.0.1:26379, redis-b:26380,[::1]:26381") == [
+        ("10.0.0.1", 26379),
+        ("redis-b", 26380),
+        ("::1", 26381),
+    ]
+
+
+def test_it_keeps_the_cache_urls_password_and_db_under_sentinel() -> None:
+    assert cache_location("mymaster", "redis://:s3cret@redis:6379/3") == (
+        "redis://:s3cret@mymaster/3"
+    )
+    assert cache_location("mymaster", "redis://redis/1?x=1") == "redis://mymaster/1?x=1"
 
 
 def test_the_defaults_start_without_any_variable() -> None:

@@ -22,7 +22,9 @@ broker's behaviour exactly (no tokens, sleep instead of BLPOP).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import dramatiq
@@ -30,6 +32,8 @@ import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
+
+from jobs.broker.sentinel import master_client
 
 # More tokens than idle consumers of one queue are never useful: each wakes one
 # consumer, and a woken consumer fetches up to its prefetch.
@@ -42,10 +46,46 @@ def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
 
 
+class ReplicationNotConfirmed(redis.RedisError):
+    """The primary took the message, but too few replicas confirmed it in time.
+
+    A failover now could lose it (Redis replicates asynchronously), so a caller
+    that must not lose it (the outbox) keeps it to send again.
+    """
+
+
+# (replicas, timeout_ms) while inside confirmed_by_replicas(); a context variable
+# so one thread's outbox publish never makes another thread's enqueue wait.
+_replica_ack: ContextVar[tuple[int, int] | None] = ContextVar("replica_ack", default=None)
+
+
+@contextlib.contextmanager
+def confirmed_by_replicas(replicas: int, timeout_ms: int) -> Iterator[None]:
+    """Enqueues inside return only once ``replicas`` replicas hold the message
+    (``WAIT``), else raise ``ReplicationNotConfirmed``. ``replicas=0`` does nothing."""
+    token = _replica_ack.set((replicas, timeout_ms) if replicas > 0 else None)
+    try:
+        yield
+    finally:
+        _replica_ack.reset(token)
+
+
 class WakeupRedisBroker(RedisBroker):
     """RedisBroker + wake-up tokens. ``instant_wakeup=False`` is the stock broker."""
 
-    def __init__(self, *, instant_wakeup: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        instant_wakeup: bool = True,
+        sentinels: list[tuple[str, int]] | None = None,
+        sentinel_master: str | None = None,
+        **options: Any,
+    ) -> None:
+        if sentinels and sentinel_master:
+            # The URL keeps giving the db number, password and timeouts; the
+            # host comes from the Sentinels, asked again after every failover.
+            url = options.pop("url")
+            options["client"] = master_client(sentinels, sentinel_master, url)
         super().__init__(**options)  # type: ignore[no-untyped-call]
         self.instant_wakeup = instant_wakeup
 
@@ -55,21 +95,39 @@ class WakeupRedisBroker(RedisBroker):
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
         """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip."""
-        if not self.instant_wakeup:
+        replica_ack = _replica_ack.get()
+        if not self.instant_wakeup and replica_ack is None:
             return self._dispatch("enqueue")(queue_name, redis_message_id, data)  # type: ignore[no-untyped-call]
-        script = self.scripts["dispatch"]
+        args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
+        try:
+            replies = self._enqueue_pipeline(queue_name, args, replica_ack)
+        except redis.exceptions.NoScriptError:
+            # Redis restarted (or a failover promoted a replica that never ran the
+            # script) and lost its script cache: load it and send again. The first
+            # try's token at worst wakes a consumer early.
+            self.client.script_load(self.scripts["dispatch"].script)
+            replies = self._enqueue_pipeline(queue_name, args, replica_ack)
+        if replica_ack is not None and int(replies[-1]) < replica_ack[0]:
+            raise ReplicationNotConfirmed(
+                f"{replies[-1]} of {replica_ack[0]} replicas confirmed within {replica_ack[1]} ms"
+            )
+        return replies[0]
+
+    def _enqueue_pipeline(
+        self, queue_name: str, args: list[Any], replica_ack: tuple[int, int] | None
+    ) -> list[Any]:
         pipe = self.client.pipeline(transaction=False)
         # EVALSHA directly: redis-py's pipelined Script objects cost an extra
         # SCRIPT EXISTS round trip on every execute.
-        args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
-        pipe.evalsha(script.sha, 1, self.namespace, *args)
-        self._push_tokens(pipe, queue_name, 1)
-        try:
-            return pipe.execute()[0]
-        except redis.exceptions.NoScriptError:
-            # Redis restarted or flushed its scripts; the Script object reloads it.
-            # The token was pushed anyway, which at worst wakes a consumer early.
-            return script(args=args, keys=[self.namespace])
+        pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
+        if self.instant_wakeup:
+            self._push_tokens(pipe, queue_name, 1)
+        if replica_ack is not None:
+            # WAIT counts the replicas holding this connection's writes, so it
+            # must ride in the same pipeline (one connection) as the enqueue.
+            pipe.execute_command("WAIT", *replica_ack)
+        replies: list[Any] = pipe.execute()
+        return replies
 
     def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
         # The argument layout of dispatch.lua, as RedisBroker._dispatch builds it.

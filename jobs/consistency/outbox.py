@@ -14,6 +14,14 @@ Delivery is at-least-once: a relay that dies between publishing and marking the
 row sent publishes it again after the claim expires. Both copies carry the same
 message id; the ledger records one job and the actors' idempotency keys
 (``run_once`` / ``once_atomic``) keep the effect single.
+
+Redis replicates asynchronously: a primary that dies right after taking a
+message may not have passed it to its replica, and Sentinel then promotes a
+replica without it. With ``JOBS_OUTBOX_WAIT_REPLICAS`` (1 by default under
+Sentinel) a row is marked sent only once that many replicas confirmed the
+message (``WAIT``, in the enqueue's own round trip); otherwise it stays
+pending for the relay, which first asks the ledger whether the job already
+started (then it was not lost, and is not sent again).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from django.utils import timezone
 
 from jobs.broker import redis_broker
 from jobs.broker.limits import check_size
-from jobs.models import OutboxMessage
+from jobs.broker.wakeup import confirmed_by_replicas
+from jobs.models import Job, OutboxMessage
 from jobs.observability import logcontext
 
 logger = logging.getLogger(__name__)
@@ -91,11 +100,21 @@ def publish(row_ids: list[int]) -> int:
         row = _claim(row_id)
         if row is None:
             continue
+        if row.attempts > 1 and _ledger_saw_it_start(row.message_id):
+            # An earlier publish reached a worker but was not confirmed by a
+            # replica in time: it survived, sending it again would only duplicate it.
+            OutboxMessage.objects.filter(pk=row.pk).update(
+                sent_at=timezone.now(), claimed_until=None
+            )
+            continue
         try:
             options = dict(row.payload.get("options", {}))
             eta, now = options.pop(_ETA, None), time.time() * 1000
             delay = None if eta is None or eta <= now else int(eta - now)
-            broker.enqueue(dramatiq.Message(**{**row.payload, "options": options}), delay=delay)
+            with confirmed_by_replicas(
+                settings.JOBS_OUTBOX_WAIT_REPLICAS, settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
+            ):
+                broker.enqueue(dramatiq.Message(**{**row.payload, "options": options}), delay=delay)
         except Exception as exc:
             retry_at = timezone.now() + _backoff(row.attempts)
             OutboxMessage.objects.filter(pk=row.pk).update(
@@ -113,6 +132,10 @@ def publish(row_ids: list[int]) -> int:
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now(), claimed_until=None)
         sent += 1
     return sent
+
+
+def _ledger_saw_it_start(message_id: str) -> bool:
+    return Job.objects.filter(message_id=message_id, started_at__isnull=False).exists()
 
 
 def pending_ids(limit: int = BATCH) -> list[int]:
