@@ -13,15 +13,20 @@ the message acked in Redis and records the success. Writes are ordered by ``prog
 
 and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
-backwards. A failing write is logged and counted, never raised: the ledger must
-not break the job it records.
+backwards. A batch's rows are written in message-id order, so two writers
+never take row locks in opposite orders; a batch that still loses a deadlock
+(or a lock timeout) is written again. A failing write is logged and counted,
+never raised: the ledger must not break the job it records.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import sqlite3
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +35,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from jobs.ledger.states import RUNNING
+from jobs.ledger.upsert import upsert
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
@@ -69,6 +75,7 @@ class Stats:
     writes: int = 0
     statements: int = 0
     write_failures: int = 0
+    retries: int = 0  # batches written again after a deadlock or lock timeout
 
 
 stats = Stats()
@@ -98,70 +105,6 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
             for key, value in event.create.items():
                 current.create.setdefault(key, value)
     return list(merged.values()), failures
-
-
-def _upsert(events: list[Event]) -> None:
-    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` per event shape.
-
-    The conditional upsert is what keeps the ledger forward-only and race-free
-    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
-    is inserted whole, an existing one only moves forward. Events are grouped by
-    the columns they update so each group is one ``executemany``.
-    """
-    from jobs.models import Job
-
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
-    placeholders = ", ".join(["%s"] * len(fields))
-    position = {f.attname: i for i, f in enumerate(fields)}
-    prepared_defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields]
-    groups: dict[tuple[str, ...], list[Event]] = {}
-    for event in events:
-        groups.setdefault(tuple(sorted(event.update)), []).append(event)
-
-    def assign(name: str) -> str:
-        column, new = f"{table}.{quote(name)}", f"excluded.{quote(name)}"
-        if name == "attempts":
-            # Each delivery that starts is one more attempt, including a
-            # redelivery after a crash, which Dramatiq's retry count misses.
-            return (
-                f"{quote(name)} = CASE WHEN {column} + 1 > {new} THEN {column} + 1 ELSE {new} END"
-            )
-        return f"{quote(name)} = {new}"
-
-    progress, state, started = (f"{table}.{quote(c)}" for c in ("progress", "state", "started_at"))
-    # Forward only; or the same attempt started again elsewhere (a redelivery).
-    new_progress, new_started = f"excluded.{quote('progress')}", f"excluded.{quote('started_at')}"
-    condition = (
-        f"{progress} < {new_progress} OR ({state} = '{RUNNING}' AND "
-        f"{progress} = {new_progress} AND {started} <> {new_started})"
-    )
-    with connection.cursor() as cursor:
-        for updated, group in groups.items():
-            assignments = ", ".join(assign(name) for name in ("state", "progress", *updated))
-            sql = (
-                f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
-                f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {assignments} "
-                f"WHERE {condition}"
-            )
-            rows = []
-            for event in group:
-                # Start from the prepared defaults and prepare only what the
-                # event sets: this loop runs for every event, in the writer thread
-                # that shares the GIL with the worker threads.
-                row = list(prepared_defaults)
-                values = {**event.create, **event.update}
-                values.update(
-                    message_id=event.message_id, state=event.state, progress=event.progress
-                )
-                for name, value in values.items():
-                    index = position[name]
-                    row[index] = fields[index].get_db_prep_save(value, connection)
-                rows.append(row)
-            cursor.executemany(sql, rows)
-            stats.statements += 1
 
 
 def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
@@ -226,9 +169,11 @@ def write(events: list[Event]) -> None:
     from jobs.models import Job, JobAttempt
 
     merged, failures = _merge(events)
+    merged.sort(key=lambda e: e.message_id)  # one lock order for every statement below
     with transaction.atomic():
         lost = _redeliveries(merged)
-        _upsert(merged)
+        upsert(merged)
+        stats.statements += 1
         if lost and failures:
             _renumber(failures)
         failures += lost
@@ -239,6 +184,7 @@ def write(events: list[Event]) -> None:
                     **event.annotate
                 )
         if failures:
+            failures.sort(key=lambda f: (f["job_id"], f["number"]))
             stats.statements += 1
             JobAttempt.objects.bulk_create(
                 [JobAttempt(**failure) for failure in failures], ignore_conflicts=True
@@ -246,9 +192,45 @@ def write(events: list[Event]) -> None:
     stats.writes += 1
 
 
+# PostgreSQL's SQLSTATEs for a transaction that lost to another one and may
+# simply run again: deadlock_detected, serialization_failure, lock_not_available
+# (lock_timeout).
+_TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)  # seconds before each new try, before jitter
+
+
+def _is_transient(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    while cause is not None:
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, 2
+        if code in _TRANSIENT_SQLSTATES:
+            return True
+        # SQLite's busy timeout ran out while another connection held the lock.
+        if isinstance(cause, sqlite3.OperationalError) and "locked" in str(cause):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _write_retrying(events: list[Event]) -> None:
+    """``write``, again after a short, jittered wait while it loses to other writers."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            write(events)
+            return
+        except Exception as exc:
+            # Inside a caller's transaction the rollback undid the caller's work
+            # too (and its locks may be what we wait for): not ours to redo.
+            if delay is None or connection.in_atomic_block or not _is_transient(exc):
+                raise
+            stats.retries += 1
+            logger.warning("Job ledger write will be tried again: %s", str(exc).splitlines()[0])
+            time.sleep(delay * random.uniform(1, 2))
+
+
 def _write_safely(events: list[Event]) -> None:
     try:
-        write(events)
+        _write_retrying(events)
     except Exception:
         stats.write_failures += 1
         metrics.LEDGER_WRITE_FAILURES.inc()
@@ -321,14 +303,25 @@ _writer: BatchWriter | None = None
 _writer_lock = threading.Lock()
 
 
+def _usable(writer: BatchWriter | None, interval: float) -> bool:
+    # A forked child (gunicorn, dramatiq processes) has no copy of the thread;
+    # a thread that died must not take every later event of the process with it.
+    return (
+        writer is not None
+        and writer.pid == os.getpid()
+        and writer.interval == interval
+        and writer.thread.is_alive()
+    )
+
+
 def _batch_writer() -> BatchWriter:
     global _writer
     interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
-    # A forked child (gunicorn, dramatiq processes) has no copy of the thread.
-    if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+    if not _usable(_writer, interval):
         with _writer_lock:
-            if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+            if not _usable(_writer, interval):
                 _writer = BatchWriter(interval)
+    assert _writer is not None
     return _writer
 
 
