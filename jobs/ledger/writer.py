@@ -15,8 +15,9 @@ and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
 backwards. A batch's rows are written in message-id order, so two writers
 never take row locks in opposite orders; a batch that still loses a deadlock
-(or a lock timeout) is written again. A failing write is logged and counted,
-never raised: the ledger must not break the job it records.
+(or a lock timeout) is written again, and one that fails for another reason is
+written job by job. A failing write is logged and counted, never raised: the
+ledger must not break the job it records.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from jobs.ledger.states import RUNNING
+from jobs.ledger.storable import storable_columns
 from jobs.ledger.upsert import upsert
 from jobs.observability import metrics
 
@@ -163,12 +165,24 @@ def _renumber(failures: list[dict[str, Any]]) -> None:
             failure["number"] += shift
 
 
+def _make_storable(merged: list[Event], failures: list[dict[str, Any]]) -> None:
+    """Strip what the database would refuse (NUL, lone surrogates, overlong text)."""
+    from jobs.models import Job, JobAttempt
+
+    for event in merged:
+        event.create = storable_columns(Job, event.create)
+        event.update = storable_columns(Job, event.update)
+        event.annotate = storable_columns(Job, event.annotate)
+    failures[:] = [storable_columns(JobAttempt, failure) for failure in failures]
+
+
 def write(events: list[Event]) -> None:
     """Write ``events`` in one transaction: forward-only, insert-race safe."""
     # Imported here: middleware loads this module before the app registry is ready.
     from jobs.models import Job, JobAttempt
 
     merged, failures = _merge(events)
+    _make_storable(merged, failures)
     merged.sort(key=lambda e: e.message_id)  # one lock order for every statement below
     with transaction.atomic():
         lost = _redeliveries(merged)
@@ -197,6 +211,7 @@ def write(events: list[Event]) -> None:
 # (lock_timeout).
 _TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)  # seconds before each new try, before jitter
+GIVE_UP_AFTER = 3  # first job-by-job writes all failing: the cause is not in the events
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -228,13 +243,62 @@ def _write_retrying(events: list[Event]) -> None:
             time.sleep(delay * random.uniform(1, 2))
 
 
+def _lost(jobs: int, message: str, *args: object, exc_info: bool = True) -> None:
+    stats.write_failures += jobs
+    metrics.LEDGER_WRITE_FAILURES.inc(jobs)
+    logger.error(message, *args, exc_info=exc_info)
+
+
 def _write_safely(events: list[Event]) -> None:
+    """Write ``events``; if the batch cannot be written, each job's events on their own.
+
+    One job's bad event (a value the database refuses) must not lose the other
+    jobs' events of its batch, so a failed batch is split by job. If the first
+    few jobs all fail too, the cause is not in the events (the database is
+    down, a table is missing): the rest is given up without a try each.
+    """
     try:
         _write_retrying(events)
+        return
     except Exception:
-        stats.write_failures += 1
-        metrics.LEDGER_WRITE_FAILURES.inc()
-        logger.exception("Job ledger write failed; %d event(s) not recorded", len(events))
+        by_job: dict[str, list[Event]] = {}
+        for event in events:
+            by_job.setdefault(event.message_id, []).append(event)
+        if len(by_job) == 1 or connection.in_atomic_block:
+            jobs = ", ".join(by_job)
+            _lost(
+                len(by_job),
+                "Job ledger write failed for %s; %d event(s) not recorded",
+                jobs,
+                len(events),
+            )
+            return
+        logger.warning(
+            "Job ledger write of a batch failed; writing its %d job(s) one by one",
+            len(by_job),
+            exc_info=True,
+        )
+    written = failed = 0
+    for message_id, own in by_job.items():
+        if not written and failed >= GIVE_UP_AFTER:
+            left = len(by_job) - failed
+            _lost(
+                left, "Job ledger write failed for %d more job(s), not tried", left, exc_info=False
+            )
+            return
+        try:
+            _write_retrying(own)
+            written += 1
+        except Exception:
+            failed += 1
+            _lost(
+                1,
+                "Job ledger write failed for job %s; %d event(s) not recorded",
+                message_id,
+                len(own),
+            )
+            # A broken connection is reopened for the next job, not reused.
+            connection.close_if_unusable_or_obsolete()
 
 
 class BatchWriter:
