@@ -47,11 +47,19 @@ def upsert(events: list[Event]) -> None:
     for name in updated:
         if name == "attempts":
             # Each delivery that starts is one more attempt, including a
-            # redelivery after a crash, which Dramatiq's retry count misses.
-            # Parameter: the event sets attempts.
+            # redelivery after a crash (the same start again, elsewhere), which
+            # Dramatiq's retry count misses; a delivery that resumes a deferred
+            # attempt is not. Parameters: sets attempts, start's progress, resumes.
+            attempts = old("attempts")
+            redelivered = (
+                f"{old('state')} = '{RUNNING}' AND {old('progress')} = %s "
+                f"AND {old('started_at')} <> {new('started_at')}"
+            )
             assignments.append(
-                f"{quote(name)} = CASE WHEN NOT %s THEN {old(name)} "
-                f"ELSE {greatest(f'{old(name)} + 1', new(name))} END"
+                f"{quote(name)} = CASE WHEN NOT %s THEN {attempts} "
+                f"WHEN {redelivered} THEN {attempts} + 1 "
+                f"WHEN %s THEN {greatest(attempts, new(name))} "
+                f"ELSE {greatest(f'{attempts} + 1', new(name))} END"
             )
         elif name in everywhere:
             assignments.append(f"{quote(name)} = {new(name)}")
@@ -83,7 +91,7 @@ def upsert(events: list[Event]) -> None:
             row[index] = fields[index].get_db_prep_save(value, connection)
         for name in updated:
             if name == "attempts":
-                row.append("attempts" in event.update)
+                row += ["attempts" in event.update, event.started_progress, event.resumes]
             elif name not in everywhere:
                 row.append(name in event.update)
         rows.append(row)

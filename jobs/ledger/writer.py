@@ -8,16 +8,18 @@ group-commit style, with every other thread finishing then); a success is not
 waited for: if the worker dies before its batch is written, the watchdog sees
 the message acked in Redis and records the success. Writes are ordered by ``progress``:
 
-    progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
+    progress = position * 10 + phase           phase: delayed 1, enqueued 2, running 3
+    position = attempt_index * DEFERRAL_SLOTS + deferrals of that attempt
     progress = TERMINAL for succeeded, failed and skipped
 
 and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
-backwards. A batch's rows are written in message-id order, so two writers
-never take row locks in opposite orders; a batch that still loses a deadlock
-(or a lock timeout) is written again, and one that fails for another reason is
-written job by job. A failing write is logged and counted, never raised: the
-ledger must not break the job it records.
+backwards; a deferral (a rate limit) moves the job on to "delayed" without
+starting a new attempt. A batch's rows are written in message-id order, so two
+writers never take row locks in opposite orders; a batch that still loses a
+deadlock (or a lock timeout) is written again, and one that fails for another
+reason is written job by job. A failing write is logged and counted, never
+raised: the ledger must not break the job it records.
 """
 
 from __future__ import annotations
@@ -44,10 +46,20 @@ logger = logging.getLogger(__name__)
 
 PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 1, 2, 3
 TERMINAL = 10**12
+# Deferrals counted per attempt: 10**6 slots leave room for 10**5 attempts below
+# TERMINAL. Past the last slot a deferral no longer moves the job forward (and
+# the next start looks like a redelivery).
+DEFERRAL_SLOTS = 10**6
 
 
-def progress_of(attempt_index: int, phase: int) -> int:
-    return attempt_index * 10 + phase
+def progress_of(attempt_index: int, phase: int, deferrals: int = 0) -> int:
+    position = attempt_index * DEFERRAL_SLOTS + min(deferrals, DEFERRAL_SLOTS - 1)
+    return position * 10 + phase
+
+
+def with_phase(progress: int, phase: int) -> int:
+    """``progress`` moved to ``phase`` of the same attempt and deferral."""
+    return progress - progress % 10 + phase
 
 
 @dataclass
@@ -67,6 +79,10 @@ class Event:
     # Columns written whatever the progress, unless the job is already terminal
     # (the last error of an attempt that will be retried).
     annotate: dict[str, Any] = field(default_factory=dict)
+    # A start that resumes an attempt a deferral interrupted: not a new attempt.
+    resumes: bool = False
+    # Set by the writer: the progress of the latest start merged into this event.
+    started_progress: int | None = None
 
 
 @dataclass
@@ -92,7 +108,7 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
             failures.append({"job_id": event.message_id, **event.failure})
         current = merged.get(event.message_id)
         if current is None:
-            merged[event.message_id] = Event(
+            current = merged[event.message_id] = Event(
                 event.message_id,
                 event.state,
                 event.progress,
@@ -106,6 +122,10 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
             current.annotate.update(event.annotate)
             for key, value in event.create.items():
                 current.create.setdefault(key, value)
+        if "started_at" in event.update:
+            # How the attempt count moves belongs to the start that set it,
+            # even when a later event of the batch carries the job further.
+            current.started_progress, current.resumes = event.progress, event.resumes
     return list(merged.values()), failures
 
 
@@ -118,7 +138,7 @@ def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
     """
     from jobs.models import Job
 
-    starting = {e.message_id: e for e in merged if "started_at" in e.update}
+    starting = {e.message_id: e for e in merged if e.started_progress is not None}
     if not starting:
         return []
     stats.statements += 1
@@ -128,8 +148,8 @@ def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
     failures = []
     for row in rows:
         event = starting[row["message_id"]]
-        same_attempt = row["progress"] // 10 == int(event.update.get("attempts", 1)) - 1
-        if same_attempt and row["started_at"] != event.update["started_at"]:
+        same_start = row["progress"] == event.started_progress
+        if same_start and row["started_at"] != event.update["started_at"]:
             failures.append(
                 {
                     "job_id": row["message_id"],

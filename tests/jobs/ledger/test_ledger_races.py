@@ -196,6 +196,32 @@ def test_the_redelivered_attempts_own_failure_is_kept_too() -> None:
     assert rows == [(1, "WorkerLost"), (2, "Boom")]
 
 
+def test_a_start_that_resumes_a_deferred_attempt_is_no_new_attempt_unless_redelivered() -> None:
+    from datetime import timedelta
+
+    from jobs.models import JobAttempt
+
+    start = datetime.now(UTC)
+    write([event("running", progress_of(0, PHASE_RUNNING), attempts=1, started_at=start)])
+    # A rate limit deferred it: "delayed" for the same attempt, then it resumes.
+    write([event("delayed", progress_of(0, PHASE_DELAYED, deferrals=1))])
+    assert state() == "delayed"
+    resumed = event("running", progress_of(0, PHASE_RUNNING, deferrals=1), attempts=1)
+    resumed.update["started_at"], resumed.resumes = start + timedelta(seconds=2), True
+    write([resumed])
+    assert Job.objects.get(message_id="m-1").attempts == 1
+    assert not JobAttempt.objects.exists()
+
+    # The worker of the resumed delivery died; the broker delivered it again.
+    again = event("running", progress_of(0, PHASE_RUNNING, deferrals=1), attempts=1)
+    again.update["started_at"], again.resumes = start + timedelta(seconds=70), True
+    write([again])
+
+    job = Job.objects.get(message_id="m-1")
+    assert (job.state, job.attempts) == ("running", 2)
+    assert list(JobAttempt.objects.values_list("number", "error_type")) == [(1, "WorkerLost")]
+
+
 def read_line(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     return proc.stdout.readline().strip()
