@@ -6,9 +6,10 @@
 
 At most ``limit`` runs start per ``window`` seconds, counted in Redis so every
 worker process shares the budget (Dramatiq's ``WindowRateLimiter``). A job over
-the limit is not failed: it raises ``RateLimited`` (a ``dramatiq.Retry``) with a
-delay to the next window plus jitter, and that deferral does not use up one of
-the job's retries, so a long burst never exhausts them.
+the limit is not failed: it raises ``RateLimited`` (a ``jobs.errors.Deferred``)
+with a delay to the next window plus jitter. The Retries middleware puts it
+back as the same attempt, so a long burst never uses up its retries, and the
+ledger shows it "delayed" meanwhile.
 """
 
 from __future__ import annotations
@@ -20,21 +21,19 @@ from collections.abc import Callable
 from functools import wraps
 from typing import ParamSpec, TypeVar
 
-import dramatiq
 from django_redis import get_redis_connection
-from dramatiq.middleware import CurrentMessage
 from dramatiq.rate_limits import WindowRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
+
+from jobs.errors import Deferred
 
 logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-DEFERRALS = "rate_limit_deferrals"
 
-
-class RateLimited(dramatiq.Retry):
+class RateLimited(Deferred):
     """Over the rate limit: run again after ``delay`` ms."""
 
 
@@ -46,12 +45,6 @@ def _delay_ms(window: int) -> int:
 
 
 def _defer(key: str, window: int) -> RateLimited:
-    message = CurrentMessage.get_current_message()
-    if message is not None:
-        # Retries counts every Retry against max_retries; a deferral is not a
-        # failed attempt, so give the count back before Retries takes it.
-        message.options["retries"] = message.options.get("retries", 0) - 1
-        message.options[DEFERRALS] = message.options.get(DEFERRALS, 0) + 1
     delay = _delay_ms(window)
     logger.debug("Rate limit %s reached; deferred by %d ms", key, delay)
     return RateLimited(f"rate limit {key!r} reached", delay=delay)

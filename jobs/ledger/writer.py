@@ -8,20 +8,28 @@ worker thread waits, group-commit style, with every other thread finishing
 then), so a killed worker never leaves a finished job unrecorded. Writes are
 ordered by ``progress``:
 
-    progress = attempt_index * 10 + phase      phase: delayed 1, enqueued 2, running 3
+    progress = position * 10 + phase           phase: delayed 1, enqueued 2, running 3
+    position = attempt_index * DEFERRAL_SLOTS + deferrals of that attempt
     progress = TERMINAL for succeeded, failed and skipped
 
 and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
-backwards. A failing write is logged and counted, never raised: the ledger must
-not break the job it records.
+backwards; a deferral (a rate limit) moves the job on to "delayed" without
+starting a new attempt. A batch's rows are written in message-id order, so two
+writers never take row locks in opposite orders; a batch that still loses a
+deadlock (or a lock timeout) is written again, and one that fails for another
+reason is written job by job. A failing write is logged and counted, never
+raised: the ledger must not break the job it records.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import sqlite3
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,16 +38,28 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from jobs.ledger.states import RUNNING
+from jobs.ledger.storable import storable_columns
+from jobs.ledger.upsert import upsert
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
 
 PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 1, 2, 3
 TERMINAL = 10**12
+# Deferrals counted per attempt: 10**6 slots leave room for 10**5 attempts below
+# TERMINAL. Past the last slot a deferral no longer moves the job forward (and
+# the next start looks like a redelivery).
+DEFERRAL_SLOTS = 10**6
 
 
-def progress_of(attempt_index: int, phase: int) -> int:
-    return attempt_index * 10 + phase
+def progress_of(attempt_index: int, phase: int, deferrals: int = 0) -> int:
+    position = attempt_index * DEFERRAL_SLOTS + min(deferrals, DEFERRAL_SLOTS - 1)
+    return position * 10 + phase
+
+
+def with_phase(progress: int, phase: int) -> int:
+    """``progress`` moved to ``phase`` of the same attempt and deferral."""
+    return progress - progress % 10 + phase
 
 
 @dataclass
@@ -59,6 +79,10 @@ class Event:
     # Columns written whatever the progress, unless the job is already terminal
     # (the last error of an attempt that will be retried).
     annotate: dict[str, Any] = field(default_factory=dict)
+    # A start that resumes an attempt a deferral interrupted: not a new attempt.
+    resumes: bool = False
+    # Set by the writer: the progress of the latest start merged into this event.
+    started_progress: int | None = None
 
 
 @dataclass
@@ -69,6 +93,7 @@ class Stats:
     writes: int = 0
     statements: int = 0
     write_failures: int = 0
+    retries: int = 0  # batches written again after a deadlock or lock timeout
 
 
 stats = Stats()
@@ -83,7 +108,7 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
             failures.append({"job_id": event.message_id, **event.failure})
         current = merged.get(event.message_id)
         if current is None:
-            merged[event.message_id] = Event(
+            current = merged[event.message_id] = Event(
                 event.message_id,
                 event.state,
                 event.progress,
@@ -97,71 +122,11 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
             current.annotate.update(event.annotate)
             for key, value in event.create.items():
                 current.create.setdefault(key, value)
+        if "started_at" in event.update:
+            # How the attempt count moves belongs to the start that set it,
+            # even when a later event of the batch carries the job further.
+            current.started_progress, current.resumes = event.progress, event.resumes
     return list(merged.values()), failures
-
-
-def _upsert(events: list[Event]) -> None:
-    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` per event shape.
-
-    The conditional upsert is what keeps the ledger forward-only and race-free
-    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
-    is inserted whole, an existing one only moves forward. Events are grouped by
-    the columns they update so each group is one ``executemany``.
-    """
-    from jobs.models import Job
-
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
-    placeholders = ", ".join(["%s"] * len(fields))
-    position = {f.attname: i for i, f in enumerate(fields)}
-    prepared_defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields]
-    groups: dict[tuple[str, ...], list[Event]] = {}
-    for event in events:
-        groups.setdefault(tuple(sorted(event.update)), []).append(event)
-
-    def assign(name: str) -> str:
-        column, new = f"{table}.{quote(name)}", f"excluded.{quote(name)}"
-        if name == "attempts":
-            # Each delivery that starts is one more attempt, including a
-            # redelivery after a crash, which Dramatiq's retry count misses.
-            return (
-                f"{quote(name)} = CASE WHEN {column} + 1 > {new} THEN {column} + 1 ELSE {new} END"
-            )
-        return f"{quote(name)} = {new}"
-
-    progress, state, started = (f"{table}.{quote(c)}" for c in ("progress", "state", "started_at"))
-    # Forward only; or the same attempt started again elsewhere (a redelivery).
-    new_progress, new_started = f"excluded.{quote('progress')}", f"excluded.{quote('started_at')}"
-    condition = (
-        f"{progress} < {new_progress} OR ({state} = '{RUNNING}' AND "
-        f"{progress} = {new_progress} AND {started} <> {new_started})"
-    )
-    with connection.cursor() as cursor:
-        for updated, group in groups.items():
-            assignments = ", ".join(assign(name) for name in ("state", "progress", *updated))
-            sql = (
-                f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
-                f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {assignments} "
-                f"WHERE {condition}"
-            )
-            rows = []
-            for event in group:
-                # Start from the prepared defaults and prepare only what the
-                # event sets: this loop runs for every event, in the writer thread
-                # that shares the GIL with the worker threads.
-                row = list(prepared_defaults)
-                values = {**event.create, **event.update}
-                values.update(
-                    message_id=event.message_id, state=event.state, progress=event.progress
-                )
-                for name, value in values.items():
-                    index = position[name]
-                    row[index] = fields[index].get_db_prep_save(value, connection)
-                rows.append(row)
-            cursor.executemany(sql, rows)
-            stats.statements += 1
 
 
 def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
@@ -173,7 +138,7 @@ def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
     """
     from jobs.models import Job
 
-    starting = {e.message_id: e for e in merged if "started_at" in e.update}
+    starting = {e.message_id: e for e in merged if e.started_progress is not None}
     if not starting:
         return []
     stats.statements += 1
@@ -183,8 +148,8 @@ def _redeliveries(merged: list[Event]) -> list[dict[str, Any]]:
     failures = []
     for row in rows:
         event = starting[row["message_id"]]
-        same_attempt = row["progress"] // 10 == int(event.update.get("attempts", 1)) - 1
-        if same_attempt and row["started_at"] != event.update["started_at"]:
+        same_start = row["progress"] == event.started_progress
+        if same_start and row["started_at"] != event.update["started_at"]:
             failures.append(
                 {
                     "job_id": row["message_id"],
@@ -220,15 +185,29 @@ def _renumber(failures: list[dict[str, Any]]) -> None:
             failure["number"] += shift
 
 
+def _make_storable(merged: list[Event], failures: list[dict[str, Any]]) -> None:
+    """Strip what the database would refuse (NUL, lone surrogates, overlong text)."""
+    from jobs.models import Job, JobAttempt
+
+    for event in merged:
+        event.create = storable_columns(Job, event.create)
+        event.update = storable_columns(Job, event.update)
+        event.annotate = storable_columns(Job, event.annotate)
+    failures[:] = [storable_columns(JobAttempt, failure) for failure in failures]
+
+
 def write(events: list[Event]) -> None:
     """Write ``events`` in one transaction: forward-only, insert-race safe."""
     # Imported here: middleware loads this module before the app registry is ready.
     from jobs.models import Job, JobAttempt
 
     merged, failures = _merge(events)
+    _make_storable(merged, failures)
+    merged.sort(key=lambda e: e.message_id)  # one lock order for every statement below
     with transaction.atomic():
         lost = _redeliveries(merged)
-        _upsert(merged)
+        upsert(merged)
+        stats.statements += 1
         if lost and failures:
             _renumber(failures)
         failures += lost
@@ -239,6 +218,7 @@ def write(events: list[Event]) -> None:
                     **event.annotate
                 )
         if failures:
+            failures.sort(key=lambda f: (f["job_id"], f["number"]))
             stats.statements += 1
             JobAttempt.objects.bulk_create(
                 [JobAttempt(**failure) for failure in failures], ignore_conflicts=True
@@ -246,13 +226,99 @@ def write(events: list[Event]) -> None:
     stats.writes += 1
 
 
+# PostgreSQL's SQLSTATEs for a transaction that lost to another one and may
+# simply run again: deadlock_detected, serialization_failure, lock_not_available
+# (lock_timeout).
+_TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)  # seconds before each new try, before jitter
+GIVE_UP_AFTER = 3  # first job-by-job writes all failing: the cause is not in the events
+
+
+def _is_transient(exc: BaseException) -> bool:
+    cause: BaseException | None = exc
+    while cause is not None:
+        code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, 2
+        if code in _TRANSIENT_SQLSTATES:
+            return True
+        # SQLite's busy timeout ran out while another connection held the lock.
+        if isinstance(cause, sqlite3.OperationalError) and "locked" in str(cause):
+            return True
+        cause = cause.__cause__
+    return False
+
+
+def _write_retrying(events: list[Event]) -> None:
+    """``write``, again after a short, jittered wait while it loses to other writers."""
+    for delay in (*RETRY_DELAYS, None):
+        try:
+            write(events)
+            return
+        except Exception as exc:
+            # Inside a caller's transaction the rollback undid the caller's work
+            # too (and its locks may be what we wait for): not ours to redo.
+            if delay is None or connection.in_atomic_block or not _is_transient(exc):
+                raise
+            stats.retries += 1
+            logger.warning("Job ledger write will be tried again: %s", str(exc).splitlines()[0])
+            time.sleep(delay * random.uniform(1, 2))
+
+
+def _lost(jobs: int, message: str, *args: object, exc_info: bool = True) -> None:
+    stats.write_failures += jobs
+    metrics.LEDGER_WRITE_FAILURES.inc(jobs)
+    logger.error(message, *args, exc_info=exc_info)
+
+
 def _write_safely(events: list[Event]) -> None:
+    """Write ``events``; if the batch cannot be written, each job's events on their own.
+
+    One job's bad event (a value the database refuses) must not lose the other
+    jobs' events of its batch, so a failed batch is split by job. If the first
+    few jobs all fail too, the cause is not in the events (the database is
+    down, a table is missing): the rest is given up without a try each.
+    """
     try:
-        write(events)
+        _write_retrying(events)
+        return
     except Exception:
-        stats.write_failures += 1
-        metrics.LEDGER_WRITE_FAILURES.inc()
-        logger.exception("Job ledger write failed; %d event(s) not recorded", len(events))
+        by_job: dict[str, list[Event]] = {}
+        for event in events:
+            by_job.setdefault(event.message_id, []).append(event)
+        if len(by_job) == 1 or connection.in_atomic_block:
+            jobs = ", ".join(by_job)
+            _lost(
+                len(by_job),
+                "Job ledger write failed for %s; %d event(s) not recorded",
+                jobs,
+                len(events),
+            )
+            return
+        logger.warning(
+            "Job ledger write of a batch failed; writing its %d job(s) one by one",
+            len(by_job),
+            exc_info=True,
+        )
+    written = failed = 0
+    for message_id, own in by_job.items():
+        if not written and failed >= GIVE_UP_AFTER:
+            left = len(by_job) - failed
+            _lost(
+                left, "Job ledger write failed for %d more job(s), not tried", left, exc_info=False
+            )
+            return
+        try:
+            _write_retrying(own)
+            written += 1
+        except Exception:
+            failed += 1
+            _lost(
+                1,
+                "Job ledger write failed for job %s; %d event(s) not recorded",
+                message_id,
+                len(own),
+            )
+            # A broken connection is reopened for the next job, not reused.
+            connection.close_if_unusable_or_obsolete()
 
 
 class BatchWriter:
@@ -321,14 +387,25 @@ _writer: BatchWriter | None = None
 _writer_lock = threading.Lock()
 
 
+def _usable(writer: BatchWriter | None, interval: float) -> bool:
+    # A forked child (gunicorn, dramatiq processes) has no copy of the thread;
+    # a thread that died must not take every later event of the process with it.
+    return (
+        writer is not None
+        and writer.pid == os.getpid()
+        and writer.interval == interval
+        and writer.thread.is_alive()
+    )
+
+
 def _batch_writer() -> BatchWriter:
     global _writer
     interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
-    # A forked child (gunicorn, dramatiq processes) has no copy of the thread.
-    if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+    if not _usable(_writer, interval):
         with _writer_lock:
-            if _writer is None or _writer.pid != os.getpid() or _writer.interval != interval:
+            if not _usable(_writer, interval):
                 _writer = BatchWriter(interval)
+    assert _writer is not None
     return _writer
 
 

@@ -3,7 +3,7 @@
 Listed just before Retries in ``DRAMATIQ_BROKER["MIDDLEWARE"]``: Dramatiq runs
 after_* hooks in reverse order, so when our ``after_process_message`` runs,
 Retries has already either failed the message (``message.failed``) or
-re-enqueued it for a retry.
+re-enqueued it for a retry or, after a deferral, as the same attempt.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
+from jobs.errors import DEFERRALS, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
 from jobs.ledger.redaction import redact, redact_text
@@ -66,6 +67,11 @@ def _attempt_index(message: dramatiq.Message[Any] | MessageProxy) -> int:
 
 def _attempt_number(message: MessageProxy) -> int:
     return _attempt_index(message) + 1
+
+
+def _deferrals(message: dramatiq.Message[Any] | MessageProxy) -> int:
+    """How often the current attempt was deferred (set by the Retries middleware)."""
+    return int(message.options.get(DEFERRALS, 0))
 
 
 def _default_max_retries(broker: Broker) -> int:
@@ -130,9 +136,10 @@ class Ledger(dramatiq.Middleware):
     actor_options = {REFERS_TO}
 
     def __init__(self) -> None:
-        # message id -> (monotonic start, wall-clock start, attempt number, row fields):
-        # what after_process_message needs, computed once per delivery.
-        self._started: dict[str, tuple[float, datetime, int, dict[str, Any]]] = {}
+        # message id -> (monotonic start, wall-clock start, attempt number,
+        # progress, row fields): what after_process_message needs, computed
+        # once per delivery.
+        self._started: dict[str, tuple[float, datetime, int, int, dict[str, Any]]] = {}
 
     def after_enqueue(
         self, broker: Broker, message: dramatiq.Message[Any], delay: int | None
@@ -148,7 +155,7 @@ class Ledger(dramatiq.Middleware):
             Event(
                 message.message_id,
                 state,
-                progress_of(attempt, phase),
+                progress_of(attempt, phase, _deferrals(message)),
                 _create_fields(broker, message),
                 update,
             )
@@ -158,7 +165,9 @@ class Ledger(dramatiq.Middleware):
         number = _attempt_number(message)
         started = _now()
         create = _create_fields(broker, message)
-        self._started[message.message_id] = (time.monotonic(), started, number, create)
+        deferrals = _deferrals(message)
+        progress = progress_of(number - 1, PHASE_RUNNING, deferrals)
+        self._started[message.message_id] = (time.monotonic(), started, number, progress, create)
         update = {
             "attempts": number,
             "started_at": started,
@@ -167,13 +176,10 @@ class Ledger(dramatiq.Middleware):
             "next_retry_at": None,
             "redis_message_id": message.options.get("redis_message_id", ""),
         }
+        # After a deferral this delivery goes on with the same attempt.
         ledger.record(
             Event(
-                message.message_id,
-                states.RUNNING,
-                progress_of(number - 1, PHASE_RUNNING),
-                create,
-                update,
+                message.message_id, states.RUNNING, progress, create, update, resumes=deferrals > 0
             )
         )
 
@@ -187,8 +193,17 @@ class Ledger(dramatiq.Middleware):
     ) -> None:
         started = self._started.pop(message.message_id, None)
         if started is None:  # a middleware before ours stopped the message early
-            started = (time.monotonic(), _now(), _attempt_number(message), {})
-        started_mono, started_at, number, create = started
+            number = _attempt_number(message)
+            running = progress_of(number - 1, PHASE_RUNNING, _deferrals(message))
+            started = (time.monotonic(), _now(), number, running, {})
+        started_mono, started_at, number, running, create = started
+        if is_deferral(exception) and not message.failed:
+            # Not an attempt: Retries put the message back and our after_enqueue
+            # recorded it "delayed". Written before the ack like a failure, or
+            # a worker dying now would leave the job "running" on an acked
+            # message, which the watchdog takes for a success.
+            ledger.flush(ledger.BatchWriter.DURABLE_WAIT)
+            return
         create = create or _create_fields(broker, message)
         timing = {
             "finished_at": _now(),
@@ -221,7 +236,7 @@ class Ledger(dramatiq.Middleware):
         else:
             # Retries has enqueued the retry already (a "delayed" event for the
             # next attempt); this one only notes the error on the job.
-            state, progress, update = states.RUNNING, progress_of(number - 1, PHASE_RUNNING), {}
+            state, progress, update = states.RUNNING, running, {}
         ledger.record(
             Event(message.message_id, state, progress, create, update, failure, annotate=errors),
             durable=True,

@@ -1,7 +1,8 @@
 """Prometheus figures per actor, recorded in whichever process sees the event.
 
 Listed before Retries: after_* hooks run in reverse order, so ``message.failed``
-already tells a final failure from one that will be retried.
+already tells a final failure from one that will be retried. A deferral (a full
+rate limit) is neither: it is counted apart, as no attempt and no retry.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
 from jobs.broker.workers import Heartbeat
+from jobs.errors import is_deferral
 from jobs.middleware.control import PAUSE_REQUEUES
 from jobs.observability import metrics
 
@@ -46,6 +48,9 @@ class Metrics(dramatiq.Middleware):
         labels = (message.actor_name, q_name(message.queue_name))
         metrics.IN_PROGRESS.labels(*labels).dec()
         started = self._started.pop(message.message_id, None)
+        if is_deferral(exception) and not message.failed:
+            metrics.DEFERRED.labels(*labels).inc()
+            return
         if started is not None:
             metrics.DURATION.labels(*labels).observe(time.perf_counter() - started)
         if exception is None:

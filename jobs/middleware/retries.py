@@ -11,10 +11,16 @@ The retry carries the failure's traceback in its options. An error message can
 quote a whole payload, so only its end is kept: the message stays small in
 Redis, and the size limit (which does not count it) never refuses the retry.
 Every attempt's own traceback is kept in the ledger (``JobAttempt``).
+
+A deferral (``jobs.errors.Deferred``, e.g. a full rate limit, or Dramatiq's own
+``RateLimitExceeded``) is not a failure: the message goes back with the
+deferral's delay as the same attempt, whatever ``max_retries`` says, and counts
+one more deferral of that attempt (the ledger orders its events by it).
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import dramatiq
@@ -22,7 +28,7 @@ from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
-from jobs.errors import is_permanent
+from jobs.errors import DEFERRALS, is_deferral, is_permanent
 
 MAX_TRACEBACK_CHARS = 4000
 
@@ -42,7 +48,14 @@ class Retries(stock.Retries):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        if exception is not None and is_permanent(exception):
+        if exception is None:
+            return
+        if is_deferral(exception):
+            self._defer(broker, message, exception)
+            return
+        # A new attempt (or none) follows: its deferrals start from zero.
+        message.options.pop(DEFERRALS, None)
+        if is_permanent(exception):
             self.logger.warning(
                 "Permanent failure of message %r (%s): not retried.",
                 message.message_id,
@@ -60,3 +73,19 @@ class Retries(stock.Retries):
         traceback = message.options.get("traceback")
         if isinstance(traceback, str) and len(traceback) > MAX_TRACEBACK_CHARS:
             message.options["traceback"] = "...\n" + traceback[-MAX_TRACEBACK_CHARS:]
+
+    def _defer(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
+        delay = exception.delay if isinstance(exception, dramatiq.Retry) else None
+        if delay is None:
+            # RateLimitExceeded carries no delay: wait about the minimum backoff.
+            actor = broker.get_actor(message.actor_name)
+            least = message.options.get("min_backoff", actor.options.get("min_backoff"))
+            least = int(least or self.min_backoff)
+            delay = random.randint(least, 2 * least)
+        # "retries" stays as it is; set to 0 on a first attempt so the message
+        # reads as put back, not newly sent (jobs_enqueued_total skips it).
+        message.options.setdefault("retries", 0)
+        message.options[DEFERRALS] = message.options.get(DEFERRALS, 0) + 1
+        self.logger.debug("Deferring message %r by %d ms.", message.message_id, delay)
+        deferred: dramatiq.Message[Any] = message.copy()
+        broker.enqueue(deferred, delay=delay)

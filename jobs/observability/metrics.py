@@ -38,6 +38,11 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 OUTCOMES = ("succeeded", "failed", "retried", "skipped")
 JOBS = Counter("jobs_processed_total", "Jobs finished, by outcome", ["actor", "queue", "outcome"])
 RETRIES = Counter("jobs_retries_total", "Failed attempts that will be retried", ["actor", "queue"])
+DEFERRED = Counter(
+    "jobs_deferred_total",
+    "Deliveries put back for later as the same attempt (a full rate limit)",
+    ["actor", "queue"],
+)
 IN_PROGRESS = Gauge(
     "jobs_in_progress", "Jobs running now", ["actor", "queue"], multiprocess_mode="livesum"
 )

@@ -28,7 +28,7 @@ from jobs.broker import queues, redis_broker, workers
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
 from jobs.consistency.locks import held_since_ms
 from jobs.ledger import states
-from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, progress_of
+from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, with_phase
 from jobs.models import EffectRecord, Job
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def _reconcile(job: Job) -> str | None:
             state=states.ENQUEUED,
             # Back to "waiting" for the same Dramatiq attempt index, so the
             # redelivered run's events (same index, later phase) still apply.
-            progress=progress_of(job.progress // 10, PHASE_ENQUEUED),
+            progress=with_phase(job.progress, PHASE_ENQUEUED),
             error_type="WorkerLost",
             error_message=note,
         )

@@ -1,0 +1,57 @@
+"""Make job data storable in every database the ledger runs on.
+
+The ledger records what a job was given and how it failed, whatever that was.
+PostgreSQL's text and jsonb refuse NUL (U+0000, also as ``\\u0000`` inside
+JSON), and no UTF-8 column takes a lone surrogate (U+D800-U+DFFF, what JSON's
+``\\ud800`` escapes decode to; SQLite refuses those too). Either would make the
+database reject the event's whole batch, so both are replaced with U+FFFD, the
+replacement character a UTF-8 decoder shows for bad bytes: the rest of the text
+stays readable and the place of the bad character stays visible. Strings longer
+than their column are cut to fit, which PostgreSQL would refuse as well.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from typing import Any
+
+from django.db import models
+
+REPLACEMENT = "\ufffd"
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# Identities are never cut: a shortened key would name another row.
+_KEYS = frozenset({"message_id", "job_id", "retry_of_id"})
+
+
+def storable(value: Any) -> Any:
+    """``value`` (a string, or JSON-like data) without characters a database refuses."""
+    if isinstance(value, str):
+        return _UNSTORABLE.sub(REPLACEMENT, value)
+    if isinstance(value, dict):
+        return {storable(key): storable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [storable(item) for item in value]
+    return value
+
+
+@cache
+def _max_lengths(model: type[models.Model]) -> dict[str, int]:
+    return {
+        field.attname: field.max_length
+        for field in model._meta.concrete_fields
+        if field.max_length is not None and field.attname not in _KEYS
+    }
+
+
+def storable_columns(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
+    """Column values of ``model`` made storable, strings cut to their column's length."""
+    limits = _max_lengths(model)
+    fitted = {}
+    for name, value in values.items():
+        value = storable(value)
+        limit = limits.get(name)
+        if limit is not None and isinstance(value, str) and len(value) > limit:
+            value = value[:limit]
+        fitted[name] = value
+    return fitted

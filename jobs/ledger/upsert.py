@@ -1,0 +1,99 @@
+"""The ledger's one SQL statement per batch: a forward-only, race-free upsert."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from django.db import connection
+
+from jobs.ledger.states import RUNNING
+
+if TYPE_CHECKING:
+    from jobs.ledger.writer import Event
+
+
+def upsert(events: list[Event]) -> None:
+    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` for the batch.
+
+    The conditional upsert is what keeps the ledger forward-only and race-free
+    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
+    is inserted whole, an existing one only moves forward. Rows go in
+    message-id order, whatever columns each event updates (a column an event
+    does not set keeps its value through a per-row flag), so every writer
+    locks rows in the same order and two batches can never deadlock.
+    """
+    from jobs.models import Job
+
+    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    table = quote(Job._meta.db_table)
+    columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
+    placeholders = ", ".join(["%s"] * len(fields))
+    position = {f.attname: i for i, f in enumerate(fields)}
+    prepared_defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields]
+
+    def old(name: str) -> str:
+        return f"{table}.{quote(name)}"
+
+    def new(name: str) -> str:
+        return f"excluded.{quote(name)}"
+
+    def greatest(a: str, b: str) -> str:
+        return f"CASE WHEN {a} > {b} THEN {a} ELSE {b} END"
+
+    updated = sorted({name for event in events for name in event.update})
+    everywhere = {name for name in updated if all(name in e.update for e in events)}
+    assignments = [f"{quote(name)} = {new(name)}" for name in ("state", "progress")]
+    for name in updated:
+        if name == "attempts":
+            # Each delivery that starts is one more attempt, including a
+            # redelivery after a crash (the same start again, elsewhere), which
+            # Dramatiq's retry count misses; a delivery that resumes a deferred
+            # attempt is not. Parameters: sets attempts, start's progress, resumes.
+            attempts = old("attempts")
+            redelivered = (
+                f"{old('state')} = '{RUNNING}' AND {old('progress')} = %s "
+                f"AND {old('started_at')} <> {new('started_at')}"
+            )
+            assignments.append(
+                f"{quote(name)} = CASE WHEN NOT %s THEN {attempts} "
+                f"WHEN {redelivered} THEN {attempts} + 1 "
+                f"WHEN %s THEN {greatest(attempts, new(name))} "
+                f"ELSE {greatest(f'{attempts} + 1', new(name))} END"
+            )
+        elif name in everywhere:
+            assignments.append(f"{quote(name)} = {new(name)}")
+        else:
+            assignments.append(
+                f"{quote(name)} = CASE WHEN %s THEN {new(name)} ELSE {old(name)} END"
+            )
+
+    # Forward only; or the same attempt started again elsewhere (a redelivery).
+    condition = (
+        f"{old('progress')} < {new('progress')} OR ({old('state')} = '{RUNNING}' AND "
+        f"{old('progress')} = {new('progress')} AND {old('started_at')} <> {new('started_at')})"
+    )
+    sql = (
+        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
+        f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {', '.join(assignments)} "
+        f"WHERE {condition}"
+    )
+    rows = []
+    for event in sorted(events, key=lambda e: e.message_id):
+        # Start from the prepared defaults and prepare only what the event
+        # sets: this loop runs for every event, in the writer thread that
+        # shares the GIL with the worker threads.
+        row = list(prepared_defaults)
+        values = {**event.create, **event.update}
+        values.update(message_id=event.message_id, state=event.state, progress=event.progress)
+        for name, value in values.items():
+            index = position[name]
+            row[index] = fields[index].get_db_prep_save(value, connection)
+        for name in updated:
+            if name == "attempts":
+                row += ["attempts" in event.update, event.started_progress, event.resumes]
+            elif name not in everywhere:
+                row.append(name in event.update)
+        rows.append(row)
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)

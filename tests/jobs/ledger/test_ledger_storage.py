@@ -1,0 +1,87 @@
+"""Values a database cannot store never cost the ledger other jobs' events."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import UTC, datetime
+
+import dramatiq
+import pytest
+
+from jobs.errors import PermanentJobError
+from jobs.ledger import writer as ledger
+from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, Event, progress_of
+from jobs.models import Job, JobAttempt
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "ledger-storage-test"
+# NUL: PostgreSQL's text and jsonb refuse it. A lone surrogate: not UTF-8 at all.
+HOSTILE = "nul\x00 and lone \ud800 surrogate"
+STORED = "nul\ufffd and lone \ufffd surrogate"
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def fine(n: int) -> None:
+    pass
+
+
+@dramatiq.actor(queue_name=QUEUE)
+def refuse(text: str) -> None:
+    raise PermanentJobError(f"cannot use {text}")
+
+
+def test_it_stores_arguments_and_errors_the_database_cannot_take_as_they_are(
+    broker: dramatiq.Broker, settings
+) -> None:
+    # Given the shipped flush interval (tests/settings.py writes at once), so
+    # the hostile job's events share their batches with other jobs' events
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    messages = [fine.send(n) for n in range(3)]
+    hostile = refuse.send(HOSTILE)
+    messages += [hostile, *(fine.send(n) for n in range(3, 6))]
+
+    # When a worker runs them all
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join(QUEUE)
+    finally:
+        worker.stop()
+    assert ledger.flush()
+
+    # Then every job is recorded, the hostile one with its text made storable
+    jobs = {job.message_id: job for job in Job.objects.all()}
+    states = Counter(jobs[m.message_id].state for m in messages if m.message_id in jobs)
+    assert states == {"succeeded": 6, "failed": 1}
+    job = jobs[hostile.message_id]
+    assert job.args == [STORED]
+    assert job.error_message == f"cannot use {STORED}"
+    assert STORED in job.traceback
+    [attempt] = JobAttempt.objects.filter(job=job)
+    assert attempt.error_message == f"cannot use {STORED}"
+
+
+def test_it_writes_the_rest_of_a_batch_when_one_event_cannot_be_stored(
+    settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given the shipped flush interval, and a batch with one event the database
+    # refuses whatever its text (a negative duration breaks a CHECK constraint)
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    create = {"actor_name": "a", "queue_name": "q", "enqueued_at": datetime.now(UTC)}
+    failures = ledger.stats.write_failures
+    for n in range(5):
+        ledger.record(Event(f"ok-{n}", "succeeded", TERMINAL, dict(create), {"duration_ms": 1}))
+    ledger.record(Event("bad", "succeeded", TERMINAL, dict(create), {"duration_ms": -1}))
+    ledger.record(Event("ok-5", "enqueued", progress_of(0, PHASE_ENQUEUED), dict(create)))
+
+    # When the batch is written
+    with caplog.at_level(logging.ERROR, logger="jobs.ledger.writer"):
+        assert ledger.flush()
+
+    # Then only that one event is lost, counted and logged with its job
+    stored = dict(Job.objects.values_list("message_id", "state"))
+    assert stored == {**{f"ok-{n}": "succeeded" for n in range(5)}, "ok-5": "enqueued"}
+    assert ledger.stats.write_failures - failures == 1
+    assert "Job ledger write failed for job bad" in caplog.text
