@@ -1,4 +1,13 @@
-"""Redact secret-looking values before job arguments are stored or shown."""
+"""Redact secret-looking values before job arguments are stored or shown.
+
+``redact_text`` runs on every log line and on every stored error, whatever its
+size and whoever chose it (Django logs the path of each 404), so it is linear in
+its input: no pattern may try a long run of characters again from each of its
+positions. Secret-named pairs are found from their secret word (a plain
+alternation) and each run of key characters is read once; the other patterns
+only start where a token starts, and possessive quantifiers never give back
+what they took.
+"""
 
 from __future__ import annotations
 
@@ -14,27 +23,31 @@ _SECRET_NAME = re.compile(_SECRET_WORDS, re.IGNORECASE)
 # Values that look like a credential whatever their name: bearer tokens, JWTs,
 # URLs with a password in them.
 _SECRET_VALUE = re.compile(
-    r"^(bearer\s+\S+|eyJ[\w-]+\.[\w-]+\.[\w-]+|[a-z][\w+.-]*://[^/\s:@]+:[^/\s@]+@.*)$",
+    r"^(bearer\s++\S++|eyJ[\w-]++\.[\w-]++\.[\w-]++|[a-z][\w+.-]*+://[^/\s:@]++:[^/\s@]++@.*)$",
     re.IGNORECASE,
 )
 
 
 # In free text (log lines, tracebacks): a secret-named key and its value, as
 # ``name=value`` (keyword arguments, query strings) or ``'name': value`` (dict and
-# JSON reprs, where the key is quoted, so "tests passed: 3" is left alone).
-_KEY = rf"[\w-]*(?:{_SECRET_WORDS})[\w-]*"
-_VALUE = r"""[bru]?'(?:[^'\\]|\\.)*'|[bru]?"(?:[^"\\]|\\.)*"|[^\s,;&)}\]]+"""
-_SECRET_PAIR = re.compile(
-    rf"""(?P<key>\b{_KEY}\s*=\s*|(?P<q>['"]){_KEY}(?P=q)\s*:\s*)(?P<value>{_VALUE})""",
-    re.IGNORECASE,
+# JSON reprs, where the key is quoted, so "tests passed: 3" is left alone). The
+# key is the whole run of ``[\w-]`` characters around a secret word.
+_KEY_START = re.compile(r"(?<![\w-])[\w-]*+\Z")
+_KEY_REST = re.compile(r"[\w-]*+")
+_EQUALS = re.compile(r"\s*+=\s*+")
+_COLON = re.compile(r"\s*+:\s*+")
+_VALUE = re.compile(
+    r"""[bru]?'(?:[^'\\]++|\\.)*+'|[bru]?"(?:[^"\\]++|\\.)*+"|[^\s,;&)}\]]++""", re.IGNORECASE
 )
 _SECRET_IN_TEXT = (
-    (re.compile(r"(bearer\s+)[\w.~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
-    (re.compile(r"eyJ[\w-]+\.[\w-]+\.[\w-]+"), REDACTED),
-    # \b: a scheme starts a word; without it every position of a long word is
-    # tried as a scheme start, quadratic in its length (seconds for a 64 KiB arg).
-    (re.compile(r"\b([a-z][\w+.-]*://[^/\s:@]*:)[^/\s@]+@", re.IGNORECASE), rf"\1{REDACTED}@"),
+    (re.compile(r"(bearer\s++)[\w.~+/=-]++", re.IGNORECASE), rf"\1{REDACTED}"),
+    # A JWT starts a token: tried from inside one, "eyJeyJ..." is quadratic.
+    (re.compile(r"(?<![\w-])eyJ[\w-]++\.[\w-]++\.[\w-]++"), REDACTED),
 )
+# ``scheme://user:password@``, tried only from the start of a run of scheme
+# characters; the scheme proper starts at a letter there or after a + . or -.
+_URL_CREDENTIALS = re.compile(r"(?<![\w+.-])([\w+.-]++://[^/\s:@]*+:)[^/\s@]++@")
+_SCHEME_START = re.compile(r"(?:^|[+.-])[a-z]", re.IGNORECASE)
 
 
 def redact(value: Any, *, name: str = "") -> Any:
@@ -60,16 +73,55 @@ def contains_redaction(value: Any) -> bool:
     return False
 
 
-def _mask_pair(match: re.Match[str]) -> str:
-    value = match.group("value")
+def _masked(value: str) -> str:
     quote = value.lstrip("bruBRU")[:1]
-    masked = f"{quote}{REDACTED}{quote}" if quote in ("'", '"') else REDACTED
-    return match.group("key") + masked
+    return f"{quote}{REDACTED}{quote}" if quote in ("'", '"') else REDACTED
+
+
+def _value_after_key(text: str, key_start: int, key_end: int, done: int) -> re.Match[str] | None:
+    """The value of the key ``text[key_start:key_end]``, if a value follows it.
+
+    A quoted key's opening quote must not belong to the pair masked before
+    (which ends at ``done``).
+    """
+    equals = _EQUALS.match(text, key_end)
+    if equals:
+        return _VALUE.match(text, equals.end())
+    quote = text[key_start - 1] if key_start > done else ""
+    if quote in ("'", '"') and text.startswith(quote, key_end):
+        colon = _COLON.match(text, key_end + 1)
+        if colon:
+            return _VALUE.match(text, colon.end())
+    return None
+
+
+def _redact_pairs(text: str) -> str:
+    parts: list[str] = []
+    done = 0  # text[:done] is in parts
+    searched = 0  # no secret word before here is left to look at
+    while hit := _SECRET_NAME.search(text, searched):
+        start_match = _KEY_START.search(text, searched, hit.start())
+        key_start = start_match.start() if start_match else hit.start()
+        key_end = _KEY_REST.match(text, hit.end()).end()  # type: ignore[union-attr]
+        value = _value_after_key(text, key_start, key_end, done)
+        if value is None:
+            searched = key_end  # the key's other secret words give the same answer
+            continue
+        parts += [text[done : value.start()], _masked(value.group())]
+        done = searched = value.end()
+    return "".join(parts) + text[done:] if parts else text
+
+
+def _mask_url_password(match: re.Match[str]) -> str:
+    scheme = match.group(1).partition("://")[0]
+    if not _SCHEME_START.search(scheme):
+        return match.group()
+    return f"{match.group(1)}{REDACTED}@"
 
 
 def redact_text(text: str) -> str:
     """``text`` with the values of secret-named pairs and secret-looking tokens masked."""
-    text = _SECRET_PAIR.sub(_mask_pair, text)
+    text = _redact_pairs(text)
     for pattern, replacement in _SECRET_IN_TEXT:
         text = pattern.sub(replacement, text)
-    return text
+    return _URL_CREDENTIALS.sub(_mask_url_password, text)

@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
+import base64
+import random
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
 import pytest
 
-from jobs.ledger.redaction import redact_text
+from jobs.ledger.redaction import redact, redact_text
+
+# A denial-of-service bound, not a speed benchmark: linear redaction of 64 KiB
+# takes milliseconds; the super-linear patterns this guards against took from
+# seconds (dotted text, repeated "eyJ", random base64url) to minutes (hyphens).
+DOS_BOUND_S = 1.0
+SIZE = 64 * 1024
+
+
+@contextmanager
+def at_most(seconds: float) -> Iterator[None]:
+    """Fail once ``seconds`` have passed, rather than wait out a runaway regex."""
+
+    def give_up(signum: int, frame: FrameType | None) -> None:
+        raise TimeoutError(f"still redacting after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, give_up)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _random_base64url(size: int) -> str:
+    return base64.urlsafe_b64encode(random.Random(0).randbytes(size)).decode()[:size]
+
+
+PATHOLOGICAL = {
+    "hyphenated": ("a-" * SIZE)[:SIZE],
+    "dotted": ("a." * SIZE)[:SIZE],
+    "eyJ repeated": ("eyJ" * SIZE)[:SIZE],
+    "random base64url": _random_base64url(SIZE),
+}
 
 
 @pytest.mark.parametrize(
@@ -16,6 +58,13 @@ from jobs.ledger.redaction import redact_text
         ("GET /cb?token=abc123&page=2", "GET /cb?token=[redacted]&page=2"),
         ("redis://:hunter2@cache:6379/0 down", "redis://:[redacted]@cache:6379/0 down"),
         ("Authorization: Bearer abc.def", "Authorization: Bearer [redacted]"),
+        (
+            "h={'X-Auth-Token': 'abc', 'Accept': 'json'}",
+            "h={'X-Auth-Token': '[redacted]', 'Accept': 'json'}",
+        ),
+        ("set(password=token=abc, n=1)", "set(password=[redacted], n=1)"),
+        ("got eyJhbGciOiJIUzI1NiJ9.e30.c2ln back", "got [redacted] back"),
+        ("https://alice:s3cret@example.com/x", "https://alice:[redacted]@example.com/x"),
     ],
 )
 def test_it_masks_secret_looking_values_in_text(text: str, expected: str) -> None:
@@ -25,3 +74,19 @@ def test_it_masks_secret_looking_values_in_text(text: str, expected: str) -> Non
 def test_it_leaves_text_without_secrets_alone() -> None:
     text = "3 tests passed: 2 s; lock report:x lost while held (token gone); user_id=7"
     assert redact_text(text) == text
+
+
+@pytest.mark.parametrize("kind", PATHOLOGICAL)
+def test_it_redacts_pathological_text_in_linear_time(kind: str) -> None:
+    # Given 64 KiB that made a pattern backtrack from every word boundary
+    text = PATHOLOGICAL[kind]
+
+    # When it is redacted (each log line and stored error goes through this)
+    started = time.perf_counter()
+    with at_most(DOS_BOUND_S):
+        redacted = redact_text(text)
+        redact(text)
+
+    # Then it took no longer than the bound, and there was nothing to mask
+    assert time.perf_counter() - started < DOS_BOUND_S
+    assert redacted == text
