@@ -1,5 +1,8 @@
 """Redact secret-looking values before job arguments are stored or shown.
 
+A job's arguments are redacted by name (keyword or positional parameter:
+``reset(7, "hunter2")`` like ``reset(7, password="hunter2")``) and by look.
+
 ``redact_text`` runs on every log line and on every stored error, whatever its
 size and whoever chose it (Django logs the path of each 404), so it is linear in
 its input: no pattern may try a long run of characters again from each of its
@@ -11,8 +14,13 @@ what they took.
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import dramatiq
+from dramatiq.errors import ActorNotFound
 
 REDACTED = "[redacted]"
 _SECRET_WORDS = (
@@ -61,6 +69,27 @@ def redact(value: Any, *, name: str = "") -> Any:
     if isinstance(value, str) and _SECRET_VALUE.match(value.strip()):
         return REDACTED
     return value
+
+
+def positional_names(actor_name: str, count: int) -> list[str]:
+    """The parameter names of an actor's first ``count`` positional arguments ("" if unknown)."""
+    try:
+        fn = inspect.unwrap(dramatiq.get_broker().get_actor(actor_name).fn)
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (ActorNotFound, TypeError, ValueError):
+        return [""] * count
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = [p.name for p in parameters if p.kind == p.VAR_POSITIONAL] or [""]
+    return (names + rest * count)[:count]
+
+
+def redact_arguments(
+    actor_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """A message's arguments, redacted: positional ones by their parameter's name."""
+    names = positional_names(actor_name, len(args))
+    redacted = [redact(arg, name=name) for arg, name in zip(args, names, strict=True)]
+    return redacted, redact(dict(kwargs))
 
 
 def contains_redaction(value: Any) -> bool:

@@ -22,7 +22,7 @@ from dramatiq.common import q_name
 from jobs.errors import DEFERRALS, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
-from jobs.ledger.redaction import redact, redact_text
+from jobs.ledger.redaction import redact, redact_arguments, redact_text
 from jobs.ledger.references import OPTION as REFERS_TO
 from jobs.ledger.references import subject_of
 from jobs.ledger.writer import (
@@ -92,12 +92,13 @@ def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy)
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
     actor = broker.get_actor(message.actor_name)
+    args, kwargs = redact_arguments(message.actor_name, message.args, message.kwargs)
     return {
         "subject": subject_of(actor, message.args, message.kwargs),
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
-        "args": redact(list(message.args)),
-        "kwargs": redact(dict(message.kwargs)),
+        "args": args,
+        "kwargs": kwargs,
         "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),
         "enqueued_at": _from_millis(message.message_timestamp),
         "max_attempts": _max_attempts(broker, message),

@@ -14,7 +14,6 @@ leaves.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from collections.abc import Mapping
@@ -22,9 +21,8 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
-from dramatiq.errors import ActorNotFound
 
-from jobs.ledger.redaction import redact, redact_text
+from jobs.ledger.redaction import redact, redact_arguments, redact_text
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _FORMATTER = logging.Formatter()
@@ -33,30 +31,12 @@ _ACTOR_CALL = "Received args=%r kwargs=%r."
 _FRAME = re.compile(r'^\s*File ".*", line \d+')
 
 
-def _positional_names(actor_name: str, count: int) -> list[str]:
-    """The parameter names of the first ``count`` positional arguments ("" if unknown).
-
-    So ``reset(7, "hunter2")`` is redacted like ``reset(7, password="hunter2")``.
-    """
-    try:
-        fn = inspect.unwrap(dramatiq.get_broker().get_actor(actor_name).fn)
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (ActorNotFound, TypeError, ValueError):
-        return [""] * count
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    rest = [p.name for p in parameters if p.kind == p.VAR_POSITIONAL] or [""]
-    return (names + rest * count)[:count]
-
-
 class _Rendered:
     """A message shown as Dramatiq shows it (``actor(args, name=value)``), redacted."""
 
     def __init__(self, message: dramatiq.Message[Any] | MessageProxy) -> None:
-        names = _positional_names(message.actor_name, len(message.args))
-        params = [
-            repr(redact(arg, name=name)) for arg, name in zip(message.args, names, strict=True)
-        ]
-        params += [f"{name}={redact(value, name=name)!r}" for name, value in message.kwargs.items()]
+        args, kwargs = redact_arguments(message.actor_name, message.args, message.kwargs)
+        params = [repr(arg) for arg in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
         self.text = f"{message.actor_name}({', '.join(params)})"
 
     def __str__(self) -> str:
@@ -75,11 +55,7 @@ def _redact_call(record: logging.LogRecord) -> bool:
     positional, keywords = args
     if not isinstance(positional, (list, tuple)) or not isinstance(keywords, Mapping):
         return False
-    names = _positional_names(record.name.rpartition(".")[2], len(positional))
-    record.args = (
-        [redact(arg, name=name) for arg, name in zip(positional, names, strict=True)],
-        redact(dict(keywords)),
-    )
+    record.args = redact_arguments(record.name.rpartition(".")[2], positional, keywords)
     return True
 
 

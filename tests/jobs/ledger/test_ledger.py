@@ -18,6 +18,7 @@ from tests.conftest import join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-test"
+SECRET = "hunter2"
 calls: Counter[str] = Counter()
 
 
@@ -80,6 +81,14 @@ def test_a_sent_message_is_recorded_as_enqueued_with_redacted_arguments() -> Non
     assert job.kwargs == {"password": "[redacted]"}
     assert job.max_attempts == 3
     assert job.attempts == 0
+
+
+def test_a_password_sent_positionally_is_recorded_redacted() -> None:
+    # Given a password passed as the actor's second positional argument
+    message = succeed.send(8, SECRET)
+
+    # Then the ledger (and the admin that shows it) names it by its parameter
+    assert job_of(message).args == [8, "[redacted]"]
 
 
 def test_a_delayed_message_is_recorded_as_delayed() -> None:
