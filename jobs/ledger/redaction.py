@@ -1,7 +1,10 @@
 """Redact secret-looking values before job arguments are stored or shown.
 
 A job's arguments are redacted by name (keyword or positional parameter:
-``reset(7, "hunter2")`` like ``reset(7, password="hunter2")``) and by look.
+``reset(7, "hunter2")`` like ``reset(7, password="hunter2")``) and by look; the
+text of its errors loses the values so masked too, since an exception may echo
+one without its name (``int(password)``: "invalid literal for int() with base
+10: 'hunter2'").
 
 ``redact_text`` runs on every log line and on every stored error, whatever its
 size and whoever chose it (Django logs the path of each 404), so it is linear in
@@ -23,6 +26,10 @@ import dramatiq
 from dramatiq.errors import ActorNotFound
 
 REDACTED = "[redacted]"
+# Shorter secret values are not searched for in error texts: masking every "1"
+# would make tracebacks unreadable. The cap keeps one search per text cheap.
+MIN_SECRET_LENGTH = 4
+MAX_SECRET_VALUES = 32
 _SECRET_WORDS = (
     r"pass(?:word|wd)?|secret|token|api[-_]?key|private[-_]?key|auth|credential|cookie|session"
     r"|signature"
@@ -90,6 +97,44 @@ def redact_arguments(
     names = positional_names(actor_name, len(args))
     redacted = [redact(arg, name=name) for arg, name in zip(args, names, strict=True)]
     return redacted, redact(dict(kwargs))
+
+
+def _collect_secrets(value: Any, name: str, secret: bool, found: set[str]) -> None:
+    """Add to ``found`` the strings and numbers that ``redact`` masks in ``value``."""
+    secret = secret or bool(name and _SECRET_NAME.search(name))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _collect_secrets(item, str(key), secret, found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_secrets(item, "", secret, found)
+    elif isinstance(value, (str, int)) and not isinstance(value, bool):
+        text = str(value)
+        if secret or (isinstance(value, str) and _SECRET_VALUE.match(text.strip())):
+            found.update(
+                form for form in (text, repr(text)[1:-1]) if len(form) >= MIN_SECRET_LENGTH
+            )
+
+
+def secret_values(actor_name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[str]:
+    """The values ``redact_arguments`` masks (as given and as ``repr`` escapes them), longest
+    first: what ``mask_values`` hides in the text of this message's errors."""
+    found: set[str] = set()
+    names = positional_names(actor_name, len(args))
+    for arg, name in zip(args, names, strict=True):
+        _collect_secrets(arg, name, False, found)
+    for name, value in kwargs.items():
+        _collect_secrets(value, name, False, found)
+    return sorted(found, key=lambda value: (-len(value), value))[:MAX_SECRET_VALUES]
+
+
+def mask_values(text: str, values: Sequence[str]) -> str:
+    """``text`` with each of ``values`` (from ``secret_values``) masked."""
+    if not values:
+        return text
+    # One pass, longest value first: masks are never searched again, so values
+    # that overlap "[redacted]" cannot make the text grow pass after pass.
+    return re.sub("|".join(map(re.escape, values)), REDACTED, text)
 
 
 def contains_redaction(value: Any) -> bool:

@@ -22,7 +22,13 @@ from dramatiq.common import q_name
 from jobs.errors import DEFERRALS, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
-from jobs.ledger.redaction import redact, redact_arguments, redact_text
+from jobs.ledger.redaction import (
+    mask_values,
+    redact,
+    redact_arguments,
+    redact_text,
+    secret_values,
+)
 from jobs.ledger.references import OPTION as REFERS_TO
 from jobs.ledger.references import subject_of
 from jobs.ledger.writer import (
@@ -106,15 +112,20 @@ def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy
     }
 
 
-def _error_fields(exception: BaseException) -> dict[str, Any]:
+def _error_fields(message: MessageProxy, exception: BaseException) -> dict[str, Any]:
     # Messages and tracebacks are shown in the admin and to task result readers:
-    # a secret that slipped into an exception message must not be.
-    text = redact_text("".join(traceback.format_exception(exception)))
+    # a secret that slipped into an exception message must not be, named or not.
+    secrets = secret_values(message.actor_name, message.args, message.kwargs)
+
+    def clean(text: str) -> str:
+        return redact_text(mask_values(text, secrets))
+
+    text = clean("".join(traceback.format_exception(exception)))
     kind = type(exception)
     return {
         "error_type": kind.__name__,
         "error_class_path": f"{kind.__module__}.{kind.__qualname__}"[:300],
-        "error_message": redact_text(str(exception))[:MAX_TEXT],
+        "error_message": clean(str(exception))[:MAX_TEXT],
         "traceback": text[-MAX_TEXT:],
     }
 
@@ -222,7 +233,7 @@ class Ledger(dramatiq.Middleware):
                 durable=True,
             )
             return
-        errors = _error_fields(exception)
+        errors = _error_fields(message, exception)
         failure = {
             "number": number,
             "started_at": started_at,

@@ -46,6 +46,11 @@ def sleep_too_long() -> None:
         time.sleep(0.05)
 
 
+@dramatiq.actor(queue_name=QUEUE, max_retries=1)
+def check_password(user_id: int, password: str) -> None:
+    int(password)  # a library error that echoes its input without naming it
+
+
 @dramatiq.actor(queue_name=QUEUE, max_age=1)
 def short_lived() -> None:
     calls["short_lived"] += 1
@@ -153,6 +158,30 @@ def test_a_permanent_failure_is_failed_after_one_attempt(broker: dramatiq.Broker
     assert job.error_type == "PermanentJobError"
     assert "Traceback" in job.traceback
     assert JobAttempt.objects.filter(job=job).count() == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((7,), {"password": SECRET}), ((7, SECRET), {})],
+    ids=["by keyword", "positionally"],
+)
+def test_an_error_echoing_a_secret_argument_is_recorded_without_it(
+    broker: dramatiq.Broker, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    # Given a job whose password ends up in its error message, unnamed
+    message = check_password.send(*args, **kwargs)
+
+    # When both of its attempts fail
+    job = run(message, broker)
+
+    # Then neither the job nor any attempt keeps the password
+    attempts = list(JobAttempt.objects.filter(job=job).order_by("number"))
+    assert (job.state, len(attempts)) == ("failed", 2)
+    texts = [job.error_message, job.traceback]
+    texts += [text for attempt in attempts for text in (attempt.error_message, attempt.traceback)]
+    assert not [text for text in texts if SECRET in text]
+    assert job.error_message == "invalid literal for int() with base 10: '[redacted]'"
+    assert "ValueError: invalid literal for int() with base 10: '[redacted]'" in job.traceback
 
 
 def test_a_time_limit_fails_the_job(booted_broker: dramatiq.Broker) -> None:

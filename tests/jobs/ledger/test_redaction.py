@@ -12,7 +12,7 @@ from types import FrameType
 
 import pytest
 
-from jobs.ledger.redaction import redact, redact_text
+from jobs.ledger.redaction import mask_values, redact, redact_text, secret_values
 
 # A denial-of-service bound, not a speed benchmark: linear redaction of 64 KiB
 # takes milliseconds; the super-linear patterns this guards against took from
@@ -74,6 +74,18 @@ def test_it_masks_secret_looking_values_in_text(text: str, expected: str) -> Non
 def test_it_leaves_text_without_secrets_alone() -> None:
     text = "3 tests passed: 2 s; lock report:x lost while held (token gone); user_id=7"
     assert redact_text(text) == text
+
+
+def test_it_masks_the_secret_argument_values_of_four_characters_or_more() -> None:
+    # Given arguments with secrets, by name and nested, long and short
+    kwargs = {"password": "hunter2", "token": "abc", "user": "bob7", "auth": {"pin": 12345}}
+
+    # When an error text quoting them unnamed is masked
+    values = secret_values("no_such_actor", [], kwargs)
+    text = mask_values("got hunter2, 12345, abc and bob7", values)
+
+    # Then the long secrets are gone; "abc" is too short to search for
+    assert text == "got [redacted], [redacted], abc and bob7"
 
 
 @pytest.mark.parametrize("kind", PATHOLOGICAL)

@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from jobs.errors import PermanentJobError
 from tests.conftest import join
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,6 +30,14 @@ DOS_BOUND_S = 0.5
 def log_in(user_id: int, password: str) -> None:
     # An error that echoes its input, as client libraries' errors often do.
     raise ConnectionRefusedError(f"login refused for {user_id}: password={password!r}")
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def check_pin(user_id: int, password: str) -> None:
+    try:
+        int(password)  # a library error that echoes its input without naming it
+    except ValueError as exc:
+        raise PermanentJobError(str(exc)) from exc
 
 
 @pytest.fixture(params=["plain", "json"])
@@ -66,6 +75,25 @@ def test_it_keeps_a_failing_jobs_password_out_of_every_log_line(
         failures = [json.loads(line) for line in text.splitlines() if "Failed to process" in line]
         assert len(failures) == 2
         assert all("ConnectionRefusedError" in line["exc_info"] for line in failures)
+
+
+def test_it_keeps_a_secret_echoed_without_its_name_out_of_the_logs(
+    worker: dramatiq.Worker, log_output: io.StringIO
+) -> None:
+    # Given jobs whose password ends up, unnamed, in their errors
+    check_pin.send(7, password=SECRET)
+    check_pin.send(8, SECRET)
+
+    # When the worker logs their failures (its own line, with the traceback,
+    # and the Retries middleware's, which names the message by id only)
+    join(QUEUE)
+    worker.join()
+    text = log_output.getvalue()
+
+    # Then the password is in none of those lines
+    assert SECRET not in text
+    assert text.count("with base 10: '[redacted]'): not retried.") == 2
+    assert "ValueError: invalid literal for int() with base 10: '[redacted]'" in text
 
 
 def test_it_answers_a_long_hyphenated_404_in_bounded_time(
