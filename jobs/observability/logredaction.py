@@ -36,8 +36,11 @@ from jobs.ledger.redaction import (
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 _FORMATTER = logging.Formatter()
 _ACTOR_CALL = "Received args=%r kwargs=%r."
-# The line after this one in a traceback is source code, left as it is written.
+# An indented line after this one in a traceback is source code, left as it is
+# written. After a frame without source (generated code, .pyc-only deploys) the
+# next line is the exception's own, not indented, and redacted like any other.
 _FRAME = re.compile(r'^\s*File ".*", line \d+')
+_SOURCE_INDENT = "    "
 
 
 class _Rendered:
@@ -92,9 +95,13 @@ def _redact_arg(arg: Any) -> Any:
 def _redact_traceback(text: str, secrets: list[str]) -> str:
     lines = mask_values(text, secrets).split("\n")
     return "\n".join(
-        line if index and _FRAME.match(lines[index - 1]) else redact_text(line)
+        line if index and _is_source(line, lines[index - 1]) else redact_text(line)
         for index, line in enumerate(lines)
     )
+
+
+def _is_source(line: str, previous: str) -> bool:
+    return line.startswith(_SOURCE_INDENT) and bool(_FRAME.match(previous))
 
 
 class RedactFilter(logging.Filter):

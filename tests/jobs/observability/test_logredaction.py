@@ -40,6 +40,19 @@ def check_pin(user_id: int, password: str) -> None:
         raise PermanentJobError(str(exc)) from exc
 
 
+# Code without source lines in its tracebacks (generated code, .pyc-only
+# deploys): there the exception's line directly follows a "File" line.
+_generated: dict[str, Any] = {}
+exec(
+    compile(
+        "def connect():\n    raise ValueError('bad credentials password=hunter2')\n",
+        "<generated>",
+        "exec",
+    ),
+    _generated,
+)
+
+
 @pytest.fixture(params=["plain", "json"])
 def log_output(request: pytest.FixtureRequest) -> Iterator[io.StringIO]:
     """What the project's console handler writes, in either format, at DEBUG."""
@@ -94,6 +107,23 @@ def test_it_keeps_a_secret_echoed_without_its_name_out_of_the_logs(
     assert SECRET not in text
     assert text.count("with base 10: '[redacted]'): not retried.") == 2
     assert "ValueError: invalid literal for int() with base 10: '[redacted]'" in text
+
+
+def test_it_masks_an_exception_line_that_follows_a_frame_without_source(
+    log_output: io.StringIO,
+) -> None:
+    # Given an error raised in code whose source the traceback cannot show
+    try:
+        _generated["connect"]()
+    except ValueError:
+        # When it is logged with its traceback
+        logging.getLogger("tests.generated").exception("Connecting failed")
+    text = log_output.getvalue()
+
+    # Then its line is redacted like any other
+    assert "<generated>" in text  # the frame without source is in the traceback
+    assert SECRET not in text
+    assert "ValueError: bad credentials password=[redacted]" in text
 
 
 def test_it_answers_a_long_hyphenated_404_in_bounded_time(
