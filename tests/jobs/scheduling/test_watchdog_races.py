@@ -167,7 +167,10 @@ def test_it_leaves_a_job_waiting_in_a_paused_queue_alone(worker: dramatiq.Worker
     message = remind.send(3)
     time.sleep(0.5)  # a few trips, JOBS_PAUSE_RECHECK_MS apart
     row = sent_long_ago(message)
-    assert row.redis_message_id != queues.find(QUEUE, {message.message_id})[message.message_id][1]
+    client = redis_broker().client
+    held = client.hkeys(f"dramatiq:{QUEUE}.msgs") + client.hkeys(f"dramatiq:{QUEUE}.DQ.msgs")
+    assert len(held) == 1
+    assert row.redis_message_id.encode() not in held
 
     # When the watchdog runs
     findings = reconcile_stalled_jobs()
