@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import dramatiq
+from dramatiq.errors import DecodeError
 
 from jobs.broker import redis_broker
 
@@ -111,6 +112,29 @@ def locate(queue_name: str, redis_message_id: str) -> str:
     if waiting or delayed:
         return "pending"
     return "dead" if dead else "gone"
+
+
+def find(queue_name: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
+    """Where the messages ``message_ids`` wait, whatever their Redis ids now:
+    message id -> ("waiting" or "delayed", redis message id).
+
+    A message moved from the delay queue to its queue, or put back while its
+    queue is paused, has a new Redis id the ledger may not know yet. Redis
+    indexes payloads by that id only, so this reads every payload of the queue
+    and of its delay queue once, for all the ids asked.
+    """
+    broker = redis_broker()
+    base = f"{broker.namespace}:{queue_name}"
+    found: dict[str, tuple[str, str]] = {}
+    for place, name in (("waiting", f"{base}.msgs"), ("delayed", f"{base}.DQ.msgs")):
+        for redis_id, raw in broker.client.hscan_iter(name, count=1000):
+            try:
+                message_id = dramatiq.Message.decode(cast(bytes, raw)).message_id
+            except DecodeError:
+                continue  # not a message: no worker would run it either
+            if message_id in message_ids:
+                found[message_id] = (place, cast(bytes, redis_id).decode())
+    return found
 
 
 def dead_letter(queue_name: str, redis_message_id: str) -> dramatiq.Message[Any] | None:

@@ -16,6 +16,7 @@ from jobs.broker.limits import DELIVERY_OPTIONS
 from jobs.consistency import dedup
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
+from jobs.ledger.storable import altered
 from jobs.models import Job
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
         return message
     if contains_redaction(row["args"]) or contains_redaction(row["kwargs"]):
         return None  # the stored arguments lost a secret; sending them would be wrong
+    if altered(row["args"]) or altered(row["kwargs"]):
+        return None  # ... or a character or number the database could not store
     return dramatiq.Message(
         queue_name=row["queue_name"],
         actor_name=row["actor_name"],

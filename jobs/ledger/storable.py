@@ -6,12 +6,20 @@ JSON), and no UTF-8 column takes a lone surrogate (U+D800-U+DFFF, what JSON's
 ``\\ud800`` escapes decode to; SQLite refuses those too). Either would make the
 database reject the event's whole batch, so both are replaced with U+FFFD, the
 replacement character a UTF-8 decoder shows for bad bytes: the rest of the text
-stays readable and the place of the bad character stays visible. Strings longer
+stays readable and the place of the bad character stays visible. JSON has no
+NaN or Infinity, yet Python's json writes them (so a job can be sent with
+them): PostgreSQL's jsonb and SQLite's JSON_VALID check refuse them, so they
+are stored as the strings "NaN", "Infinity" and "-Infinity". Strings longer
 than their column are cut to fit, which PostgreSQL would refuse as well.
+
+A value changed here is no longer what the job was given: ``altered`` tells,
+so nothing sends it to a job again as if it were.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from functools import cache
 from typing import Any
@@ -20,19 +28,34 @@ from django.db import models
 
 REPLACEMENT = "\ufffd"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_NON_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 # Identities are never cut: a shortened key would name another row.
 _KEYS = frozenset({"message_id", "job_id", "retry_of_id"})
 
 
 def storable(value: Any) -> Any:
-    """``value`` (a string, or JSON-like data) without characters a database refuses."""
+    """``value`` (a string, or JSON-like data) without what a database refuses."""
     if isinstance(value, str):
         return _UNSTORABLE.sub(REPLACEMENT, value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)  # its JSON5 spelling, in a string
     if isinstance(value, dict):
         return {storable(key): storable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [storable(item) for item in value]
     return value
+
+
+def altered(value: Any) -> bool:
+    """Whether stored JSON may differ from what was given: it holds a
+    replacement character or a spelled-out NaN or Infinity."""
+    if isinstance(value, str):
+        return REPLACEMENT in value or value in _NON_FINITE
+    if isinstance(value, dict):
+        return any(altered(key) or altered(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(altered(item) for item in value)
+    return False
 
 
 @cache

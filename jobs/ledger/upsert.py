@@ -6,10 +6,15 @@ from typing import TYPE_CHECKING
 
 from django.db import connection
 
-from jobs.ledger.states import RUNNING
+from jobs.ledger.states import FAILED, RUNNING, SUCCEEDED
 
 if TYPE_CHECKING:
     from jobs.ledger.writer import Event
+
+# What the watchdog writes with an end it guessed (a finished state below
+# TERMINAL, jobs.scheduling.watchdog), as SQL for the column's default: the
+# message's next event shows the guess wrong, and its note goes with it.
+_GUESS_NOTES = {"error_type": "''", "error_message": "''", "finished_at": "NULL"}
 
 
 def upsert(events: list[Event]) -> None:
@@ -44,6 +49,13 @@ def upsert(events: list[Event]) -> None:
     updated = sorted({name for event in events for name in event.update})
     everywhere = {name for name in updated if all(name in e.update for e in events)}
     assignments = [f"{quote(name)} = {new(name)}" for name in ("state", "progress")]
+    # Only a row below TERMINAL is updated: a finished state there is a guess.
+    guessed = f"{old('state')} IN ('{FAILED}', '{SUCCEEDED}')"
+    for name, default in _GUESS_NOTES.items():
+        if name not in updated:
+            assignments.append(
+                f"{quote(name)} = CASE WHEN {guessed} THEN {default} ELSE {old(name)} END"
+            )
     for name in updated:
         if name == "attempts":
             # Each delivery that starts is one more attempt, including a
@@ -64,9 +76,10 @@ def upsert(events: list[Event]) -> None:
         elif name in everywhere:
             assignments.append(f"{quote(name)} = {new(name)}")
         else:
-            assignments.append(
-                f"{quote(name)} = CASE WHEN %s THEN {new(name)} ELSE {old(name)} END"
-            )
+            kept = old(name)
+            if name in _GUESS_NOTES:
+                kept = f"CASE WHEN {guessed} THEN {_GUESS_NOTES[name]} ELSE {kept} END"
+            assignments.append(f"{quote(name)} = CASE WHEN %s THEN {new(name)} ELSE {kept} END")
 
     # Forward only; or the same attempt started again elsewhere (a redelivery).
     condition = (

@@ -12,6 +12,10 @@ ordered by ``progress``:
     position = attempt_index * DEFERRAL_SLOTS + deferrals of that attempt
     progress = TERMINAL for succeeded, failed and skipped
 
+(phase 0 is the watchdog's: an end it guessed for a message Redis no longer
+holds, which any later event of the message replaces, along with the guess's
+note)
+
 and applied by a conditional upsert (``progress < new``), so events may arrive
 late, twice, or from several processes in any order without moving a job
 backwards; a deferral (a rate limit) moves the job on to "delayed" without
@@ -44,7 +48,7 @@ from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
 
-PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 1, 2, 3
+PHASE_GUESSED, PHASE_DELAYED, PHASE_ENQUEUED, PHASE_RUNNING = 0, 1, 2, 3
 TERMINAL = 10**12
 # Deferrals counted per attempt: 10**6 slots leave room for 10**5 attempts below
 # TERMINAL. Past the last slot a deferral no longer moves the job forward (and

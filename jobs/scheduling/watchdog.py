@@ -21,6 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import mail_admins
+from django.db.models import QuerySet
 from django.utils import timezone
 from django_redis import get_redis_connection
 
@@ -28,7 +29,13 @@ from jobs.broker import queues, redis_broker, workers
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
 from jobs.consistency.locks import held_since_ms
 from jobs.ledger import states
-from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, with_phase
+from jobs.ledger.writer import (
+    PHASE_DELAYED,
+    PHASE_ENQUEUED,
+    PHASE_GUESSED,
+    TERMINAL,
+    with_phase,
+)
 from jobs.models import EffectRecord, Job
 
 logger = logging.getLogger(__name__)
@@ -78,20 +85,36 @@ def _effect_done(job: Job) -> bool:
     return done.exists()
 
 
-def _reconcile(job: Job) -> str | None:
+def _where(job: Job) -> str:
+    if not job.redis_message_id:
+        return "pending"
+    return queues.locate(job.queue_name, job.redis_message_id)
+
+
+def _same(job: Job) -> QuerySet[Job]:
+    """Only the row we looked at: a redelivery or a late write may have moved it since."""
+    return Job.objects.filter(
+        message_id=job.message_id,
+        state=job.state,
+        progress=job.progress,
+        started_at=job.started_at,
+        redis_message_id=job.redis_message_id,
+    )
+
+
+def _reconcile(job: Job, where: str) -> str | None:
     """Bring one non-terminal job in line with the broker and its effects.
 
     Returns what was done, or None when the row needed nothing (or moved on
     while we looked: every update is conditional on the row we read).
     """
-    where = (
-        queues.locate(job.queue_name, job.redis_message_id) if job.redis_message_id else "pending"
-    )
     worker = f"worker {job.worker_host}:{job.worker_pid}"
-    # Only the row we looked at: a redelivery or a late write may have moved it since.
-    same = Job.objects.filter(
-        message_id=job.message_id, state=job.state, progress=job.progress, started_at=job.started_at
-    )
+    same = _same(job)
+    # An end the broker did not confirm is a guess: written at phase 0 of the
+    # row's attempt, below every event of that attempt, so the message's own
+    # next event (a batch the ledger wrote late, a success written after its
+    # worker stopped waiting) replaces it and the ledger converges.
+    guess = with_phase(job.progress, PHASE_GUESSED)
     if where == "pending":
         if job.state != states.RUNNING:
             return None  # waiting or delayed in Redis, as the ledger says
@@ -108,6 +131,7 @@ def _reconcile(job: Job) -> str | None:
             error_message=note,
         )
     elif where == "dead":
+        # The broker's own verdict: nothing runs a dead-lettered message again.
         note = f"{worker} gone; the broker dead-lettered the message"
         moved = same.update(
             state=states.FAILED, progress=TERMINAL, error_type="WorkerLost", error_message=note
@@ -118,7 +142,7 @@ def _reconcile(job: Job) -> str | None:
         note = "finished (its effect is done) without its end being recorded"
         moved = same.update(
             state=states.SUCCEEDED,
-            progress=TERMINAL,
+            progress=guess,
             finished_at=timezone.now(),
             error_message=note,
         )
@@ -127,9 +151,37 @@ def _reconcile(job: Job) -> str | None:
         # success is never guessed. Failed, so it is seen and can be retried.
         note = "left the broker without a recorded outcome; retry it if it did not run"
         moved = same.update(
-            state=states.FAILED, progress=TERMINAL, error_type="WorkerLost", error_message=note
+            state=states.FAILED, progress=guess, error_type="WorkerLost", error_message=note
         )
     return note if moved else None
+
+
+def _moved(jobs: list[Job]) -> set[str]:
+    """Message ids of ``jobs`` still in Redis under a new id, their rows corrected.
+
+    A delayed message that came due is enqueued in its queue under a new Redis
+    id and its delay-queue copy acked; a paused queue's message is put back
+    delayed under a new id. The ledger hears of the new id with a later batch,
+    or (a paused queue's trip, the same attempt) not at all.
+    """
+    by_queue: dict[str, dict[str, Job]] = {}
+    for job in jobs:
+        by_queue.setdefault(job.queue_name, {})[job.message_id] = job
+    found = set()
+    for queue_name, rows in by_queue.items():
+        for message_id, (place, redis_id) in queues.find(queue_name, set(rows)).items():
+            job = rows[message_id]
+            state, phase = (
+                (states.ENQUEUED, PHASE_ENQUEUED)
+                if place == "waiting"
+                else (states.DELAYED, PHASE_DELAYED)
+            )
+            # The message's own events (same attempt, any later phase) still apply.
+            _same(job).update(
+                state=state, progress=with_phase(job.progress, phase), redis_message_id=redis_id
+            )
+            found.add(message_id)
+    return found
 
 
 _FIELDS = (
@@ -146,10 +198,18 @@ _FIELDS = (
     "progress",
     "redis_message_id",
 )
+# How long after an ack the ledger may still be writing what the worker
+# recorded before it: one flush interval, then the write itself.
+WRITE_ALLOWANCE_S = 1.0
 # Rows waiting in the ledger are checked against Redis oldest first, at most
 # this many per run: a long backlog is legitimately waiting, and each check is a
 # Redis round trip.
 MAX_WAITING_CHECKS = 1000
+
+
+def _settle_s() -> float:
+    interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
+    return interval + WRITE_ALLOWANCE_S if interval > 0 else 0.0  # 0: written before the ack
 
 
 def _stalled_running(now: datetime, grace: timedelta) -> Iterator[Job]:
@@ -177,7 +237,11 @@ def reconcile_stalled_jobs() -> list[Finding]:
 
     "running" on a dead worker: requeued, failed or finished per the broker;
     "enqueued"/"delayed" whose message Redis no longer holds: failed or
-    finished per the broker and the job's effects. A worker on this host is
+    finished per the broker and the job's effects. A message gone from the
+    Redis id the ledger knows is first looked for under any other id, once the
+    ledger had a flush interval to catch up; an end that neither Redis nor a
+    later event confirmed stays open to the message's own events (phase 0,
+    ``_reconcile``). A worker on this host is
     known dead when its pid is gone, elsewhere when its presence key is; a row
     without a worker is presumed dead once it outran its time limit plus
     ``WATCHDOG_GRACE_S``.
@@ -185,15 +249,32 @@ def reconcile_stalled_jobs() -> list[Finding]:
     now = timezone.now()
     grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
     findings = []
+    gone = []
     for job in itertools.chain(_stalled_running(now, grace), _waiting(now, grace)):
-        note = _reconcile(job)
-        if note:
-            findings.append(
-                Finding("stalled_job", job.message_id, {"actor": job.actor_name, "note": note})
-            )
+        where = _where(job)
+        if where == "gone":
+            gone.append(job)
+            continue
+        findings += _finding(job, _reconcile(job, where))
+    if gone:
+        # The ledger may not have heard yet where the message went (a worker
+        # acked its old Redis id after recording its new one in a batch still
+        # on its way): give it a flush, then look for the rows that stayed put.
+        time.sleep(_settle_s())
+        stale = [job for job in gone if _same(job).exists()]
+        found = _moved(stale)
+        for job in stale:
+            if job.message_id not in found:
+                findings += _finding(job, _reconcile(job, "gone"))
     if findings:
         queues.force_maintenance()
     return findings
+
+
+def _finding(job: Job, note: str | None) -> list[Finding]:
+    if not note:
+        return []
+    return [Finding("stalled_job", job.message_id, {"actor": job.actor_name, "note": note})]
 
 
 def stale_locks() -> list[Finding]:

@@ -10,10 +10,11 @@ import dramatiq
 import pytest
 
 from jobs.errors import PermanentJobError
+from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, Event, progress_of
 from jobs.models import Job, JobAttempt
-from tests.conftest import join
+from tests.conftest import join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-storage-test"
@@ -85,3 +86,51 @@ def test_it_writes_the_rest_of_a_batch_when_one_event_cannot_be_stored(
     assert stored == {**{f"ok-{n}": "succeeded" for n in range(5)}, "ok-5": "enqueued"}
     assert ledger.stats.write_failures - failures == 1
     assert "Job ledger write failed for job bad" in caplog.text
+
+
+def test_it_stores_every_json_column_with_unstorable_values_nested_among_its_batchmates(
+    settings,
+) -> None:
+    # Given the shipped flush interval and, in one batch among other jobs, a job
+    # whose every JSON column holds NUL, a lone surrogate (in keys too) and the
+    # NaN and Infinity that Python's json writes and no database's JSON takes
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    hostile = {"a\x00": [HOSTILE, {"\ud800": float("nan")}], "b": (float("inf"), -float("inf"))}
+    stored = {"a\ufffd": [STORED, {"\ufffd": "NaN"}], "b": ["Infinity", "-Infinity"]}
+    create = {"actor_name": "a", "queue_name": "q", "enqueued_at": datetime.now(UTC)}
+    columns = {"args": [hostile], "kwargs": hostile, "options": hostile}
+    for n in range(3):
+        ledger.record(Event(f"ok-{n}", "enqueued", progress_of(0, PHASE_ENQUEUED), dict(create)))
+    ledger.record(
+        Event("hostile", "succeeded", TERMINAL, {**create, **columns}, {"return_value": hostile})
+    )
+
+    # When the batch is written
+    failures = ledger.stats.write_failures
+    assert ledger.flush()
+
+    # Then every job is there, the hostile one with each value made storable
+    assert ledger.stats.write_failures == failures
+    assert Job.objects.count() == 4
+    job = Job.objects.get(message_id="hostile")
+    assert (job.args, job.kwargs, job.options, job.return_value) == (
+        [stored],
+        stored,
+        stored,
+        stored,
+    )
+
+
+def test_a_failed_job_whose_stored_arguments_were_altered_is_not_retried_from_them() -> None:
+    # Given failed jobs whose dead letters are gone, so a retry can only be
+    # built from the ledger, two of them with arguments stored altered
+    create = {"actor_name": "refuse", "queue_name": QUEUE, "enqueued_at": datetime.now(UTC)}
+    for message_id, args in (("nul", [HOSTILE]), ("nan", [float("nan")]), ("plain", ["x"])):
+        ledger.record(Event(message_id, "failed", TERMINAL, {**create, "args": args}))
+
+    # When an operator retries them all
+    outcome = operations.retry_jobs(Job.objects.all())
+
+    # Then only the one whose arguments are what it was given is sent again
+    assert (outcome.done, outcome.skipped) == (1, 2)
+    assert [m.args for m in queued_messages(QUEUE)] == [("x",)]
