@@ -110,6 +110,12 @@ def declare_known_series() -> None:
             continue
         for outcome in metrics.OUTCOMES:
             metrics.JOBS.labels(*labels, outcome)
-        for family in (metrics.RETRIES, metrics.IN_PROGRESS, metrics.DURATION, metrics.ENQUEUED):
+        for family in (
+            metrics.RETRIES,
+            metrics.DEFERRED,
+            metrics.IN_PROGRESS,
+            metrics.DURATION,
+            metrics.ENQUEUED,
+        ):
             family.labels(*labels)
         _declared.add(labels)

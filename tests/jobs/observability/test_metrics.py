@@ -167,6 +167,7 @@ def test_a_fresh_process_serves_known_actors_and_cache_namespaces_at_zero(
     for outcome in ("succeeded", "failed", "retried", "skipped"):
         assert sample(text, "jobs_processed_total", **email, outcome=outcome) == 0, outcome
     assert sample(text, "jobs_retries_total", **email) == 0
+    assert sample(text, "jobs_deferred_total", **email) == 0
     assert sample(text, "jobs_enqueued_total", **email) == 0
     assert sample(text, "jobs_in_progress", **email) == 0
     assert sample(text, "jobs_duration_seconds_count", **email) == 0
