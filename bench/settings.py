@@ -17,7 +17,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 _middleware = list(DRAMATIQ_BROKER["MIDDLEWARE"])
 if env_bool("BENCH_ADMIN_MIDDLEWARE", False):
-    _middleware = [m for m in _middleware if m != "jobs.middleware.ledger.Ledger"]
+    # Our Ledger stays installed (the stack sets JOBS_LEDGER_ENABLED=0, so it
+    # writes nothing): it declares actor options the product's actors use
+    # (refers_to), without which importing them fails. Its baseline, "ledger
+    # off", has the same disabled middleware.
     _middleware.append("django_dramatiq.middleware.AdminMiddleware")
 
 DRAMATIQ_BROKER = {
