@@ -130,10 +130,9 @@ class Ledger(dramatiq.Middleware):
     has its return value kept; it must already be JSON-safe and size-capped.
     """
 
-    actor_options = {"store_return_value"}
-
-    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references.
-    actor_options = {REFERS_TO}
+    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references. One
+    # set: dramatiq's @actor refuses an option no middleware declares.
+    actor_options = {"store_return_value", REFERS_TO}
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number,

@@ -1,0 +1,54 @@
+"""The Ledger middleware declares the actor options it reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import dramatiq
+import pytest
+
+from jobs.ledger import writer as ledger
+from jobs.models import Job
+from tests.conftest import join
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "ledger-options-test"
+
+
+@pytest.fixture
+def _forget_actors(broker: dramatiq.Broker) -> Iterator[None]:
+    before = set(broker.actors)
+    yield
+    for name in set(broker.actors) - before:
+        del broker.actors[name]
+
+
+@pytest.mark.usefixtures("_forget_actors")
+def test_an_actor_may_ask_for_its_return_value_to_be_kept(worker: dramatiq.Worker) -> None:
+    # Given an actor declared through dramatiq's own decorator, which refuses
+    # options no middleware declares
+    @dramatiq.actor(queue_name=QUEUE, store_return_value=True)
+    def answer(question: str) -> dict[str, str]:
+        return {"question": question, "answer": "42"}
+
+    # When it runs
+    message = answer.send("everything")
+    join(QUEUE)
+    ledger.flush()
+
+    # Then the ledger keeps what it returned
+    job = Job.objects.get(message_id=message.message_id)
+    assert job.state == "succeeded"
+    assert job.return_value == {"question": "everything", "answer": "42"}
+
+
+@pytest.mark.usefixtures("_forget_actors")
+def test_an_actor_may_declare_what_its_arguments_refer_to_and_keep_its_result(
+    broker: dramatiq.Broker,
+) -> None:
+    # Both options of the Ledger, together: neither declaration hides the other.
+    @dramatiq.actor(queue_name=QUEUE, store_return_value=True, refers_to={"user_id": "auth.User"})
+    def both(user_id: int) -> None:
+        pass
+
+    assert {"store_return_value", "refers_to"} <= broker.actor_options
