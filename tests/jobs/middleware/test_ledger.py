@@ -13,6 +13,10 @@ from tests.conftest import join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-options-test"
+# Declared now, before any test's worker runs: a stopped dramatiq Worker leaves
+# its middleware on the broker, which starts consumers (with no worker threads)
+# for a queue declared later, and they would hold this test's message.
+dramatiq.get_broker().declare_queue(QUEUE)
 
 
 @pytest.fixture
@@ -24,7 +28,7 @@ def _forget_actors(broker: dramatiq.Broker) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("_forget_actors")
-def test_an_actor_may_ask_for_its_return_value_to_be_kept(worker: dramatiq.Worker) -> None:
+def test_an_actor_may_ask_for_its_return_value_to_be_kept(broker: dramatiq.Broker) -> None:
     # Given an actor declared through dramatiq's own decorator, which refuses
     # options no middleware declares
     @dramatiq.actor(queue_name=QUEUE, store_return_value=True)
@@ -33,7 +37,12 @@ def test_an_actor_may_ask_for_its_return_value_to_be_kept(worker: dramatiq.Worke
 
     # When it runs
     message = answer.send("everything")
-    join(QUEUE)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        join(QUEUE)
+    finally:
+        worker.stop()
     ledger.flush()
 
     # Then the ledger keeps what it returned
