@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from accounts.models import TaskRequest
 from jobs.consistency.cache import cache_loader, cached
 from jobs.tasks_framework.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
+from jobs.tasks_framework.results import retry_chain, retry_origins
 
 User = get_user_model()
 
@@ -61,13 +62,21 @@ def _iso(value: Any) -> str | None:
 
 
 def task_status(*, user_id: int, task_id: str) -> dict[str, Any]:
-    """A task's state as its requester may see it; ``TaskNotFound`` for anyone else."""
-    if not TaskRequest.objects.filter(task_id=task_id, requested_by_id=user_id).exists():
+    """A task's state as its requester may see it; ``TaskNotFound`` for anyone else.
+
+    An operator's retry of the task (from the admin) continues it: the id the
+    requester was given shows the latest retry's state and names it in
+    ``retried_as``, and the retry's own id is theirs to read too.
+    """
+    # Only ids an operator's retry derives from the request (retry_of), newest first.
+    asked_for = retry_origins(task_id)
+    if not TaskRequest.objects.filter(task_id__in=asked_for, requested_by_id=user_id).exists():
         raise TaskNotFound(task_id)
     try:
         result = task_backends["default"].get_result(task_id)
     except TaskResultDoesNotExist:
         raise TaskNotFound(task_id) from None
+    chain = retry_chain(task_id)
     data: dict[str, Any] = {
         "id": result.id,
         "task": result.task.name,
@@ -77,6 +86,8 @@ def task_status(*, user_id: int, task_id: str) -> dict[str, Any]:
         "finished_at": _iso(result.finished_at),
         "attempts": result.attempts,
     }
+    if len(chain) > 1:
+        data["retried_as"] = chain[-1].message_id
     if result.status == TaskResultStatus.SUCCESSFUL:
         data["result"] = result.return_value
     elif result.status == TaskResultStatus.FAILED and result.errors:

@@ -31,12 +31,6 @@ class Job(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     args = models.JSONField(default=list, blank=True, help_text="secret-looking values redacted")
     kwargs = models.JSONField(default=dict, blank=True)
-    subject = models.CharField(
-        max_length=200,
-        blank=True,
-        default="",
-        help_text="the object the arguments name first, as the actor declares (auth.user:7)",
-    )
     options = models.JSONField(default=dict, blank=True)
     redis_message_id = models.CharField(max_length=36, blank=True, default="")
     enqueued_at = models.DateTimeField()
@@ -90,12 +84,6 @@ class Job(models.Model):
                 fields=["state", "finished_at", "actor_name", "duration_ms", "attempts"],
                 name="jobs_job_finished_cover",
             ),
-            # One object's jobs, newest first; most jobs name nothing, so partial.
-            models.Index(
-                fields=["subject", "-id"],
-                name="jobs_job_subject_id",
-                condition=~models.Q(subject=""),
-            ),
         ]
 
     def __str__(self) -> str:
@@ -104,6 +92,27 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.state in states.TERMINAL_STATES
+
+
+class JobReference(models.Model):
+    """An object a job's arguments name, as its actor declares (``refers_to``).
+
+    One row per declared reference, so every object a job names finds it, in
+    ``jobs.ledger.references``' form (``auth.user:7``). Written by the ledger
+    with the job's row; deleted with it.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="references")
+    subject = models.CharField(max_length=200)
+
+    class Meta:
+        constraints = [
+            # Also one object's jobs, newest first (job_id descending).
+            models.UniqueConstraint(fields=["subject", "job"], name="jobs_reference_subject_job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subject} in job {self.job_id}"
 
 
 class JobAttempt(models.Model):

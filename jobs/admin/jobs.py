@@ -25,7 +25,13 @@ from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.schedules import run_now, schedule_rows
 from jobs.broker import queues, redis_broker
 from jobs.ledger import operations
-from jobs.ledger.references import Reference, actor_named, references, subject_key
+from jobs.ledger.references import (
+    Reference,
+    actor_named,
+    jobs_naming,
+    references,
+    subject_key,
+)
 from jobs.models import DailyReport, EffectRecord, Job, JobCheckpoint
 from jobs.scheduling.scheduler import periodic_actors
 
@@ -86,7 +92,7 @@ class QueueFilter(admin.SimpleListFilter):
 
 
 class SubjectFilter(admin.SimpleListFilter):
-    """One object's jobs (``?subject=auth.user:7``), from jobs_job_subject_id.
+    """One object's jobs (``?subject=auth.user:7``), through JobReference.
 
     Shown only while set: the choices would be every object ever named.
     """
@@ -100,8 +106,7 @@ class SubjectFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         value = self.value()
-        # The exclude lets SQLite see that the partial index applies.
-        return queryset.filter(subject=value).exclude(subject="") if value else queryset
+        return jobs_naming(queryset, value) if value else queryset
 
 
 SUBJECT = re.compile(r"[a-z_][\w]*\.[a-z_][\w]*:\S+", re.IGNORECASE)
@@ -218,9 +223,10 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def refers_to(self, job: Job) -> SafeString:
         actor = actor_named(job.actor_name)
         found = references(actor, job.args, job.kwargs) if actor is not None else []
-        if not found and job.subject:  # the actor is gone; its job still names the object
-            label, _, object_id = job.subject.partition(":")
-            found = [Reference("", label, object_id)]
+        if not found:  # the actor is gone; its job still names the objects
+            for subject in job.references.order_by("id").values_list("subject", flat=True):
+                label, _, object_id = subject.partition(":")
+                found.append(Reference("", label, object_id))
         return format_html_join(
             "<br>",
             '{}{} <a href="{}">{}</a> (<a href="{}">its jobs</a>)',
@@ -305,7 +311,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             return queryset.filter(message_id=term.lower()), False
         if SUBJECT.fullmatch(term):
             label, _, object_id = term.partition(":")
-            return queryset.filter(subject=subject_key(label, object_id)).exclude(subject=""), False
+            return jobs_naming(queryset, subject_key(label, object_id)), False
         newest = Job.objects.order_by("-id").values_list("id", flat=True).first() or 0
         recent = queryset.filter(pk__gt=newest - ARGUMENT_SEARCH_ROWS)
         return super().get_search_results(request, recent, search_term)

@@ -6,10 +6,10 @@ An actor names the model each id argument points at::
     def send_welcome_email(user_id: int) -> None: ...
 
 The platform never imports the product: this declaration is the only way it
-learns that ``user_id`` is a user. The ledger stores the first declared
-reference of each job as ``Job.subject`` (``"auth.user:7"``, indexed), which is
-how the admin finds one object's jobs on a large ledger; the job page links
-every declared reference.
+learns that ``user_id`` is a user. The ledger stores every declared reference of
+a job as a ``JobReference`` row (``"auth.user:7"``, indexed with the job), which
+is how the admin finds one object's jobs on a large ledger: each object a job's
+page links to, and each model with a "Jobs" link, finds the job.
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from django.apps import apps
 from django.conf import settings
+from django.db.models import QuerySet
 from django.utils.module_loading import autodiscover_modules
+
+if TYPE_CHECKING:
+    from jobs.models import Job
 
 OPTION = "refers_to"
 MAX_SUBJECT = 200
@@ -77,12 +81,20 @@ def references(
     return found
 
 
-def subject_of(
+def subjects_of(
     actor: dramatiq.Actor[Any, Any], args: list[Any] | tuple[Any, ...], kwargs: dict[str, Any]
-) -> str:
-    """The indexed subject of a message: its first declared reference, or ``""``."""
-    found = references(actor, args, kwargs)
-    return found[0].subject if found else ""
+) -> tuple[str, ...]:
+    """The indexed subjects of a message: each object it names, once, in declared order."""
+    return tuple(dict.fromkeys(ref.subject for ref in references(actor, args, kwargs)))
+
+
+def jobs_naming(queryset: QuerySet[Job], subject: str) -> QuerySet[Job]:
+    """The jobs of ``queryset`` whose arguments name ``subject`` (``auth.user:7``).
+
+    A join through jobs_reference_subject_job (subject, job id): one object's
+    jobs, newest first, without reading the ledger's other rows.
+    """
+    return queryset.filter(references__subject=subject)
 
 
 _discovered = False

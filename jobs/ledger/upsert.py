@@ -1,4 +1,4 @@
-"""The ledger's one SQL statement per batch: a forward-only, race-free upsert."""
+"""The ledger's SQL per batch: a forward-only, race-free upsert, and the jobs' references."""
 
 from __future__ import annotations
 
@@ -110,3 +110,27 @@ def upsert(events: list[Event]) -> None:
         rows.append(row)
     with connection.cursor() as cursor:
         cursor.executemany(sql, rows)
+
+
+def insert_references(events: list[Event]) -> bool:
+    """Store the subjects of ``events`` as JobReference rows; whether there were any.
+
+    Run after ``upsert`` in its transaction, so each job's row exists. Every
+    event of a job carries its subjects (any of them may be the one that creates
+    the row), and a subject stored before is skipped by the unique constraint.
+    """
+    from jobs.models import Job, JobReference
+
+    rows = sorted({(e.message_id, subject) for e in events for subject in e.subjects})
+    if not rows:
+        return False
+    quote = connection.ops.quote_name
+    # The WHERE also settles SQLite's INSERT .. SELECT .. ON CONFLICT ambiguity.
+    sql = (
+        f"INSERT INTO {quote(JobReference._meta.db_table)} ({quote('job_id')}, {quote('subject')}) "
+        f"SELECT {quote('id')}, %s FROM {quote(Job._meta.db_table)} "
+        f"WHERE {quote('message_id')} = %s ON CONFLICT DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, [(subject, message_id) for message_id, subject in rows])
+    return True

@@ -42,8 +42,8 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 
 from jobs.ledger.states import RUNNING
-from jobs.ledger.storable import storable_columns
-from jobs.ledger.upsert import upsert
+from jobs.ledger.storable import storable, storable_columns
+from jobs.ledger.upsert import insert_references, upsert
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,9 @@ class Event:
     resumes: bool = False
     # Set by the writer: the progress of the latest start merged into this event.
     started_progress: int | None = None
+    # The objects the message's arguments name (``jobs.ledger.references``),
+    # stored as the job's JobReference rows.
+    subjects: tuple[str, ...] = ()
 
 
 @dataclass
@@ -119,11 +122,13 @@ def _merge(events: list[Event]) -> tuple[list[Event], list[dict[str, Any]]]:
                 dict(event.create),
                 dict(event.update),
                 annotate=dict(event.annotate),
+                subjects=event.subjects,
             )
         else:
             current.state, current.progress = event.state, event.progress
             current.update.update(event.update)
             current.annotate.update(event.annotate)
+            current.subjects = current.subjects or event.subjects
             for key, value in event.create.items():
                 current.create.setdefault(key, value)
         if "started_at" in event.update:
@@ -197,6 +202,7 @@ def _make_storable(merged: list[Event], failures: list[dict[str, Any]]) -> None:
         event.create = storable_columns(Job, event.create)
         event.update = storable_columns(Job, event.update)
         event.annotate = storable_columns(Job, event.annotate)
+        event.subjects = tuple(storable(subject) for subject in event.subjects)
     failures[:] = [storable_columns(JobAttempt, failure) for failure in failures]
 
 
@@ -212,6 +218,8 @@ def write(events: list[Event]) -> None:
         lost = _redeliveries(merged)
         upsert(merged)
         stats.statements += 1
+        if insert_references(merged):
+            stats.statements += 1
         if lost and failures:
             _renumber(failures)
         failures += lost

@@ -30,7 +30,7 @@ from jobs.ledger.redaction import (
     secret_values,
 )
 from jobs.ledger.references import OPTION as REFERS_TO
-from jobs.ledger.references import subject_of
+from jobs.ledger.references import subjects_of
 from jobs.ledger.writer import (
     PHASE_DELAYED,
     PHASE_ENQUEUED,
@@ -97,10 +97,8 @@ def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy)
 
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
-    actor = broker.get_actor(message.actor_name)
     args, kwargs = redact_arguments(message.actor_name, message.args, message.kwargs)
     return {
-        "subject": subject_of(actor, message.args, message.kwargs),
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
         "args": args,
@@ -110,6 +108,11 @@ def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy
         "max_attempts": _max_attempts(broker, message),
         "retry_of_id": message.options.get("retry_of"),
     }
+
+
+def _subjects(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> tuple[str, ...]:
+    actor = broker.actors.get(message.actor_name)
+    return subjects_of(actor, message.args, message.kwargs) if actor is not None else ()
 
 
 def _error_fields(message: MessageProxy, exception: BaseException) -> dict[str, Any]:
@@ -142,10 +145,9 @@ class Ledger(dramatiq.Middleware):
     has its return value kept; it must already be JSON-safe and size-capped.
     """
 
-    actor_options = {"store_return_value"}
-
-    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references.
-    actor_options = {REFERS_TO}
+    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references. One
+    # set: dramatiq's @actor refuses an option no middleware declares.
+    actor_options = {"store_return_value", REFERS_TO}
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number,
@@ -170,6 +172,7 @@ class Ledger(dramatiq.Middleware):
                 progress_of(attempt, phase, _deferrals(message)),
                 _create_fields(broker, message),
                 update,
+                subjects=_subjects(broker, message),
             )
         )
 
@@ -191,7 +194,13 @@ class Ledger(dramatiq.Middleware):
         # After a deferral this delivery goes on with the same attempt.
         ledger.record(
             Event(
-                message.message_id, states.RUNNING, progress, create, update, resumes=deferrals > 0
+                message.message_id,
+                states.RUNNING,
+                progress,
+                create,
+                update,
+                resumes=deferrals > 0,
+                subjects=_subjects(broker, message),
             )
         )
 
@@ -229,7 +238,14 @@ class Ledger(dramatiq.Middleware):
             # batch could only be guessed. Group commit keeps the cost to one
             # transaction per batch of finishing threads.
             ledger.record(
-                Event(message.message_id, states.SUCCEEDED, TERMINAL, create, timing),
+                Event(
+                    message.message_id,
+                    states.SUCCEEDED,
+                    TERMINAL,
+                    create,
+                    timing,
+                    subjects=_subjects(broker, message),
+                ),
                 durable=True,
             )
             return
@@ -250,7 +266,16 @@ class Ledger(dramatiq.Middleware):
             # next attempt); this one only notes the error on the job.
             state, progress, update = states.RUNNING, running, {}
         ledger.record(
-            Event(message.message_id, state, progress, create, update, failure, annotate=errors),
+            Event(
+                message.message_id,
+                state,
+                progress,
+                create,
+                update,
+                failure,
+                annotate=errors,
+                subjects=_subjects(broker, message),
+            ),
             durable=True,
         )
 
@@ -266,6 +291,7 @@ class Ledger(dramatiq.Middleware):
                 TERMINAL,
                 _create_fields(broker, message),
                 {"finished_at": _now(), "skip_reason": reason},
+                subjects=_subjects(broker, message),
             ),
             durable=True,
         )

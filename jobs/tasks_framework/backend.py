@@ -114,13 +114,24 @@ class DramatiqBackend(BaseTaskBackend):
     supports_priority = False
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
-        # Built when a task module is imported: no database or Redis access here.
-        super().__init__(alias, params)
+        # Built when a task module is imported (and by ``manage.py check``): no
+        # database or Redis access here, and nothing raised for a bad setting.
+        # A bad value is left out and listed in ``problems``: check() reports
+        # them (jobs.E101), enqueue() and the worker refuse to run on them.
         self.problems = _params_problems(params)
+        queues_ok = not any(p.startswith("QUEUES ") for p in self.problems)
+        # No QUEUES is "any queue" to the framework, so tasks still import.
+        super().__init__(alias, params if queues_ok else {**params, "QUEUES": []})
         options = self.options if isinstance(self.options, dict) else {}
-        self.defaults = {k: options[k] for k in ACTOR_OPTIONS if k in options}
-        self.result_max_bytes = int(options.get("result_max_bytes", DEFAULT_RESULT_MAX_BYTES))
-        self.worker_queues: list[str] | None = options.get("worker_queues")
+        valid = {k: v for k, v in options.items() if not _option_problems(str(k), v)}
+        self.defaults = {k: valid[k] for k in ACTOR_OPTIONS if k in valid}
+        self.result_max_bytes: int = valid.get("result_max_bytes", DEFAULT_RESULT_MAX_BYTES)
+        self.worker_queues: list[str] | None = valid.get("worker_queues")
+
+    def require_valid(self) -> None:
+        """Raise ``ImproperlyConfigured`` naming every problem of this backend's TASKS entry."""
+        if self.problems:
+            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]: {'; '.join(self.problems)}")
 
     def actor_options(self, task: Task[Any, Any]) -> dict[str, Any]:
         """The actor options of ``task``: its own, else the backend's OPTIONS."""
@@ -145,8 +156,7 @@ class DramatiqBackend(BaseTaskBackend):
         return millis if millis > 0 else None
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
-        if self.problems:
-            raise ImproperlyConfigured(f"TASKS[{self.alias!r}]: {'; '.join(self.problems)}")
+        self.require_valid()
         self.validate_task(task)
         actor = runner.declare(self, task)
         if actor is None:

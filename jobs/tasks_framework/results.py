@@ -4,6 +4,13 @@ The result id is the Dramatiq message id. Ledger states map to the framework's:
 enqueued/delayed (waiting, or backing off before a retry) -> READY, running ->
 RUNNING, succeeded -> SUCCESSFUL, failed/skipped -> FAILED. A message still in
 the outbox (its transaction committed, the broker not reached yet) is READY.
+
+An operator's retry of a failed task (admin "retry", ``Job.retried_as``) goes
+on with the same task under a new message id. A result id follows that chain:
+it reads as its latest retry does (status, end, return value), with every
+attempt of the chain in ``errors`` and ``worker_ids``, so whoever holds the id
+``enqueue()`` gave sees the task the operator finished. A retry's own id reads
+the chain from that retry on.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from jobs.tasks_framework.compat import (
 
 if TYPE_CHECKING:
     from jobs.models import Job, JobAttempt
+
+# Operator retries followed from one id: far more than anyone clicks, and a
+# bound should a corrupted ledger ever link jobs in a loop.
+MAX_RETRY_CHAIN = 100
 
 STATUS = {
     states.ENQUEUED: TaskResultStatus.READY,
@@ -95,17 +106,46 @@ def _from_outbox(message_id: str, backend: str) -> TaskResult[Any, Any]:
     )
 
 
-def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
-    """The task result ``message_id`` as the ledger knows it now."""
-    # Imported here: backends are built (and this module loaded) while task
-    # modules are imported, possibly before the app registry is ready.
-    from jobs.models import Job, JobAttempt
+def retry_chain(message_id: str) -> list[Job]:
+    """The job ``message_id`` and the retries an operator sent for it, oldest first.
 
-    job = Job.objects.filter(message_id=message_id).first()
-    if job is None:
-        return _from_outbox(message_id, backend)
-    task = task_of(job.actor_name, job.queue_name)
-    failures = list(JobAttempt.objects.filter(job_id=message_id).order_by("number"))
+    Ends at the newest retry the ledger has a row for ([] for an unknown id): a
+    retry is claimed on the failed row just before it is sent, so its own row
+    may not be written yet.
+    """
+    from jobs.models import Job
+
+    chain: list[Job] = []
+    next_id: str | None = message_id
+    while next_id and len(chain) < MAX_RETRY_CHAIN:
+        job = Job.objects.filter(message_id=next_id).first()
+        if job is None or any(j.message_id == job.message_id for j in chain):
+            break
+        chain.append(job)
+        next_id = job.retried_as
+    return chain
+
+
+def retry_origins(message_id: str) -> list[str]:
+    """``message_id`` and the ids it retries (``Job.retry_of``), newest first."""
+    from jobs.models import Job
+
+    ids = [message_id]
+    while len(ids) < MAX_RETRY_CHAIN:
+        retry_of = Job.objects.filter(message_id=ids[-1]).values_list("retry_of_id", flat=True)
+        # A message id (to_field): the stubs type every foreign key column as int.
+        parent = str(retry_of.first() or "")
+        if not parent or parent in ids:
+            break
+        ids.append(parent)
+    return ids
+
+
+def _attempts(job: Job) -> tuple[list[str], list[TaskError], list[datetime]]:
+    """Worker ids, errors and start times of one job's attempts."""
+    from jobs.models import JobAttempt
+
+    failures = list(JobAttempt.objects.filter(job_id=job.message_id).order_by("number"))
     worker_ids = [worker_id(f.worker_host, f.worker_pid) for f in failures]
     errors = [error_of(f) for f in failures]
     if job.attempts > len(failures) and job.started_at is not None:
@@ -117,18 +157,38 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
     starts: list[datetime] = [f.started_at for f in failures if f.started_at is not None]
     if job.started_at is not None:
         starts.append(job.started_at)
+    return worker_ids, errors, starts
+
+
+def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
+    """The task result ``message_id`` as the ledger knows it now, retries included."""
+    # Models are imported in the functions: backends are built (and this module
+    # loaded) while task modules are imported, possibly before the app
+    # registry is ready.
+    chain = retry_chain(message_id)
+    if not chain:
+        return _from_outbox(message_id, backend)
+    first, last = chain[0], chain[-1]
+    worker_ids: list[str] = []
+    errors: list[TaskError] = []
+    starts: list[datetime] = []
+    for job in chain:
+        ids, errs, times = _attempts(job)
+        worker_ids += ids
+        errors += errs
+        starts += times
     return _build(
-        task,
+        task_of(first.actor_name, first.queue_name),
         backend,
         message_id,
-        status=STATUS[job.state],
-        enqueued_at=job.enqueued_at,
+        status=STATUS[last.state],
+        enqueued_at=first.enqueued_at,
         started_at=min(starts, default=None),
-        finished_at=job.finished_at if job.is_terminal else None,
-        last_attempted_at=job.started_at,
-        args=list(job.args),
-        kwargs=dict(job.kwargs),
+        finished_at=last.finished_at if last.is_terminal else None,
+        last_attempted_at=max(starts, default=None),
+        args=list(first.args),
+        kwargs=dict(first.kwargs),
         errors=errors,
         worker_ids=worker_ids,
-        return_value=job.return_value if job.state == states.SUCCEEDED else None,
+        return_value=last.return_value if last.state == states.SUCCEEDED else None,
     )

@@ -200,7 +200,10 @@ def execute(module_path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
         task = task.using(queue_name=message.queue_name.removesuffix(".DQ"))
     backend = task.get_backend()
     sender = type(backend)
-    max_bytes = backend.result_max_bytes if isinstance(backend, DramatiqBackend) else 65536
+    max_bytes = 65536
+    if isinstance(backend, DramatiqBackend):
+        backend.require_valid()  # a worker started on a bad TASKS setting runs nothing
+        max_bytes = backend.result_max_bytes
     result = _running_result(task, message, args, kwargs)
     task_started.send(sender, task_result=result)
     try:

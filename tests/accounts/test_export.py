@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.ledger import writer as ledger
+from jobs.models import Job
 from tests.conftest import join
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -118,3 +119,62 @@ def test_it_reports_the_error_of_a_failed_export(broker: dramatiq.Broker, bob: U
         "type": "jobs.errors.PermanentJobError",
         "message": f"jobs.errors.PermanentJobError: user {bob_id} does not exist",
     }
+
+
+def admin_retry(task_id: str) -> str:
+    """Retry the failed task ``task_id`` as an operator does; the retry's id."""
+    root = User.objects.create_superuser("operator", "operator@example.com", "pw")
+    admin = Client()
+    admin.force_login(root)
+    job = Job.objects.get(message_id=task_id)
+    admin.post("/admin/jobs/job/", {"action": "retry_selected", "_selected_action": [job.pk]})
+    return Job.objects.get(message_id=task_id).retried_as or ""
+
+
+def test_the_requester_sees_the_result_of_an_operators_retry(
+    broker: dramatiq.Broker, ada: User, bob: User
+) -> None:
+    # Given an export that failed for good (its user was gone when it ran)
+    root = User.objects.create_user("root", "root@example.com", "pw", is_staff=True)
+    client = login(root)
+    task_id = post_export(client, bob.pk).json()["data"]["id"]
+    bob_id = bob.pk
+    bob.delete()
+    run_exports(broker)
+    assert client.get(f"/api/tasks/{task_id}/").json()["data"]["status"] == "FAILED"
+
+    # When an operator fixes the cause and retries it from the admin
+    User.objects.create_user("bob", "bob@example.com", "pw", id=bob_id)
+    retry_id = admin_retry(task_id)
+    run_exports(broker)
+
+    # Then the Location the requester was given shows the retry's success
+    done = client.get(f"/api/tasks/{task_id}/").json()["data"]
+    assert done["status"] == "SUCCESSFUL"
+    assert done["id"] == task_id
+    assert done["retried_as"] == retry_id
+    assert done["result"]["email"] == "bob@example.com"
+    assert done["attempts"] == 2  # the failed one and the retry
+    assert "error" not in done
+    # and the retry's own id is theirs to read, nobody else's
+    retried = client.get(f"/api/tasks/{retry_id}/")
+    assert retried.status_code == 200
+    assert retried.json()["data"]["status"] == "SUCCESSFUL"
+    assert "retried_as" not in retried.json()["data"]
+    assert login(ada).get(f"/api/tasks/{task_id}/").status_code == 404
+    assert login(ada).get(f"/api/tasks/{retry_id}/").status_code == 404
+
+
+def test_a_retry_that_fails_again_shows_its_error(broker: dramatiq.Broker, bob: User) -> None:
+    root = User.objects.create_user("root", "root@example.com", "pw", is_staff=True)
+    client = login(root)
+    task_id = post_export(client, bob.pk).json()["data"]["id"]
+    bob.delete()
+    run_exports(broker)
+
+    retry_id = admin_retry(task_id)  # the cause not fixed
+    run_exports(broker)
+    failed = client.get(f"/api/tasks/{task_id}/").json()["data"]
+
+    assert (failed["status"], failed["retried_as"], failed["attempts"]) == ("FAILED", retry_id, 2)
+    assert failed["error"]["type"] == "jobs.errors.PermanentJobError"

@@ -10,7 +10,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.state import StateApps
 from django.utils import timezone
 
-from jobs.models import Job
+from jobs.models import Job, JobReference
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -48,3 +48,34 @@ def test_it_marks_jobs_retried_before_the_upgrade_as_retried(
 
     retried_as = dict(Job.objects.values_list("message_id", "retried_as"))
     assert retried_as == {"retried": "the-retry", "the-retry": None, "never-retried": None}
+
+
+@pytest.fixture
+def ledger_with_subject_column() -> Iterator[StateApps]:
+    """The database before JobReference (one ``Job.subject``); the latest again after."""
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("jobs")
+    before = [("jobs", "0008_dashboard_indexes_and_subject")]
+    executor.migrate(before)
+    yield executor.loader.project_state(before).apps
+    MigrationExecutor(connection).migrate(latest)
+
+
+def test_it_keeps_the_subjects_of_existing_jobs_as_their_references(
+    ledger_with_subject_column: StateApps,
+) -> None:
+    OldJob = ledger_with_subject_column.get_model("jobs", "Job")
+    now = timezone.now()
+    for message_id, subject in [("names-ada", "auth.user:7"), ("names-nothing", "")]:
+        OldJob.objects.create(
+            message_id=message_id, actor_name="a", queue_name="q", enqueued_at=now, subject=subject
+        )
+
+    MigrationExecutor(connection).migrate([("jobs", "0009_job_references")])
+    references = list(JobReference.objects.values_list("job__message_id", "subject"))
+    assert references == [("names-ada", "auth.user:7")]
+
+    # and back: the job's first reference is its subject again
+    MigrationExecutor(connection).migrate([("jobs", "0008_dashboard_indexes_and_subject")])
+    subjects = dict(OldJob.objects.values_list("message_id", "subject"))
+    assert subjects == {"names-ada": "auth.user:7", "names-nothing": ""}

@@ -361,3 +361,36 @@ def test_the_admin_lists_tasks_by_module_path_and_retries_them(
     retried = recovers_when_retried.get_result(retry.message_id)
     assert retried.status == TaskResultStatus.SUCCESSFUL
     assert retried.return_value == "recovered"
+
+
+def test_a_result_follows_the_operators_retry_of_its_task(
+    broker: dramatiq.Broker, client: Client
+) -> None:
+    # Given a task that failed for good, and the result enqueue() gave for it
+    result = recovers_when_retried.enqueue("chain")
+    run_worker(broker)
+    result.refresh()
+    assert result.status.value == "FAILED"  # .value: mypy would keep the narrowed status
+    job = Job.objects.get(message_id=result.id)
+
+    # When an operator retries it from the admin and the retry succeeds
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    client.post("/admin/jobs/job/", {"action": "retry_selected", "_selected_action": [job.pk]})
+    run_worker(broker)
+    result.refresh()
+
+    # Then the original id reads as the retry finished, with both attempts
+    retry = Job.objects.get(retry_of__message_id=result.id)
+    assert result.id == job.message_id
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "recovered"
+    assert result.attempts == 2
+    assert [e.exception_class_path for e in result.errors] == ["jobs.errors.PermanentJobError"]
+    assert result.finished_at == retry.finished_at
+    # first start: the failed job's; last attempt: the retry's
+    assert (result.started_at, result.last_attempted_at) == (job.started_at, retry.started_at)
+    # and the retry's own id reads the retry alone
+    retried = recovers_when_retried.get_result(retry.message_id)
+    assert retried.status == TaskResultStatus.SUCCESSFUL
+    assert (retried.attempts, retried.errors) == (1, [])

@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from accounts.tasks import user_export
@@ -61,3 +64,33 @@ def test_it_warns_about_a_task_rundramatiq_would_not_import() -> None:
     hidden = {m.obj for m in warnings if m.id == "jobs.W103"}
     assert defined_outside_tasks_modules.module_path in hidden
     assert user_export.module_path not in hidden  # accounts/tasks.py is autodiscovered
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["64k", None], ids=["text", "none"])
+def test_a_malformed_result_cap_is_a_check_error_not_a_crash(value: object) -> None:
+    options = {"result_max_bytes": value}
+
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND, "OPTIONS": options}}):
+        with pytest.raises(SystemCheckError) as raised:
+            call_command("check")
+        with pytest.raises(ImproperlyConfigured, match="result_max_bytes"):
+            user_export.enqueue(1)
+
+    report = str(raised.value)
+    assert "jobs.E101" in report
+    assert f"OPTIONS['result_max_bytes'] must be a whole number >= 1, got {value!r}" in report
+
+
+@pytest.mark.django_db
+def test_malformed_queues_and_worker_queues_are_check_errors_not_crashes() -> None:
+    bad = {"BACKEND": BACKEND, "QUEUES": 5, "OPTIONS": {"worker_queues": 7, "max_retries": "3"}}
+
+    with override_settings(TASKS={"default": bad}):
+        errors = [m.msg for m in run_checks() if m.id == "jobs.E101"]
+
+    assert sorted(errors) == [
+        "OPTIONS['max_retries'] must be a whole number >= 0, got '3'",
+        "OPTIONS['worker_queues'] must be a list of queue names, got 7",
+        "QUEUES must be a list of queue names, got 5",
+    ]
