@@ -41,6 +41,7 @@ from django.utils import timezone
 from jobs.broker import redis_broker
 from jobs.broker.limits import check_size
 from jobs.broker.wakeup import confirmed_by_replicas
+from jobs.ledger.storable import unstorable
 from jobs.models import Job, OutboxMessage
 from jobs.observability import logcontext
 
@@ -48,6 +49,10 @@ logger = logging.getLogger(__name__)
 CLAIM = timedelta(seconds=30)
 BATCH = 200
 _ETA = "outbox_eta"
+
+
+class PayloadNotStorable(ValueError):
+    """Refused at send time: the database cannot store the message's arguments."""
 
 
 def send_on_commit(actor: dramatiq.Actor[Any, Any], *args: Any, **kwargs: Any) -> OutboxMessage:
@@ -63,6 +68,14 @@ def message_send_on_commit(
 ) -> OutboxMessage:
     """``send_on_commit`` for a message built already; ``delay_ms`` counts from now."""
     check_size(message)  # refuse now, in the request, not later in the relay
+    if unstorable(message.asdict()):
+        # The row holds the message exactly as it will be sent; PostgreSQL's jsonb
+        # refuses NUL (SQLite and PostgreSQL both refuse lone surrogates, NaN):
+        # a clear error here, not a DataError deep in the caller's transaction.
+        raise PayloadNotStorable(
+            f"{message.actor_name} arguments hold NUL, a lone surrogate or a non-finite "
+            "number, which the outbox cannot store: send ids or clean text"
+        )
     if delay_ms is not None:
         # The due time, not the delay: a row published late by the relay must
         # not wait its whole delay again.

@@ -46,6 +46,19 @@ def storable(value: Any) -> Any:
     return value
 
 
+def unstorable(value: Any) -> bool:
+    """Whether ``value`` holds something ``storable`` would have to change."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is not None
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(unstorable(key) or unstorable(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(unstorable(item) for item in value)
+    return False
+
+
 def altered(value: Any) -> bool:
     """Whether stored JSON may differ from what was given: it holds a
     replacement character or a spelled-out NaN or Infinity."""

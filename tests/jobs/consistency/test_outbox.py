@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from jobs.consistency.outbox import publish, relay_once, send_on_commit
+from jobs.consistency.outbox import PayloadNotStorable, publish, relay_once, send_on_commit
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
 from jobs.models import Job, OutboxMessage
@@ -127,3 +127,14 @@ def test_it_marks_an_unconfirmed_row_sent_once_the_ledger_saw_its_job_start(sett
     row.refresh_from_db()
     assert row.sent_at is not None
     assert len(queued_messages("default")) == 1
+
+
+@pytest.mark.parametrize("argument", ["a\x00b", "\ud800", float("nan")])
+def test_it_refuses_arguments_the_outbox_cannot_store_with_a_clear_error(argument) -> None:
+    # PostgreSQL's jsonb refuses NUL; both databases refuse lone surrogates and NaN.
+    # The caller gets a ValueError naming the problem, on every database, instead
+    # of a DataError in its transaction, and nothing is written.
+    with transaction.atomic(), pytest.raises(PayloadNotStorable, match="cannot store"):
+        send_on_commit(demo_pipeline, argument)
+
+    assert OutboxMessage.objects.count() == 0
