@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import random
+import re
 import statistics
 import threading
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
 
 from jobs.broker import queues, redis_broker, workers
 from jobs.ledger import states
@@ -180,7 +182,7 @@ def redelivery_time(ids: list[str], killed_at: float, results: list[float]) -> N
 @pytest.mark.soak
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("scheduler", [False, True], ids=["workers-only", "with-scheduler"])
-def test_kill_9_soak_loses_no_email_duplicates_none_and_leaves_no_ledger_row_wrong(
+def test_kill_9_soak_loses_no_email_and_duplicates_only_sends_a_kill_cut(
     scheduler: bool,
     start_web: Any,
     start_worker: Any,
@@ -193,6 +195,7 @@ def test_kill_9_soak_loses_no_email_duplicates_none_and_leaves_no_ledger_row_wro
     # Given three workers (shipped settings), a web server and maybe the scheduler
     web = start_web(DJANGO_SETTINGS_MODULE="tests.e2e.soak_web_settings")
     pool = [start_worker(threads=4) for _ in range(3)]
+    started = list(pool)  # every worker of the run, killed ones included (their logs)
     for worker in pool:
         worker.wait_for_log(READY)
     if scheduler:
@@ -221,6 +224,7 @@ def test_kill_9_soak_loses_no_email_duplicates_none_and_leaves_no_ledger_row_wro
                 watcher.start()
                 watchers.append(watcher)
             pool[index] = start_worker(threads=4)
+            started.append(pool[index])
         last_kill = time.monotonic()
         statuses.update(signups)
     expected = {f"soak{n}@example.com" for n in range(SIGNUPS)}
@@ -244,12 +248,32 @@ def test_kill_9_soak_loses_no_email_duplicates_none_and_leaves_no_ledger_row_wro
     per_user = Counter(tuple(r["args"]) for r in rows)
     lost = len(expected - set(sent))
     duplicated = sum(count - 1 for count in sent.values() if count > 1)
+    # An email is an external effect: a worker killed after the SMTP send and
+    # before its claim is marked done leaves no trace of the send, so the
+    # redelivery sends again (at-least-once; no protocol closes that window).
+    # Every duplicate must be that case: its claim taken over from a dead worker.
+    taken_over = {
+        match
+        for worker in started
+        for match in re.findall(
+            r"Took over the claim on welcome-email:(\d+) from dead worker",
+            worker.log_path.read_text(errors="replace"),
+        )
+    }
+    duplicated_users = {
+        str(pk)
+        for pk in get_user_model()
+        .objects.filter(email__in=[email for email, count in sent.items() if count > 1])
+        .values_list("pk", flat=True)
+    }
+    unexplained = duplicated_users - taken_over
     wrong_rows = sum(1 for r in rows if r["state"] != states.SUCCEEDED)
     extra_rows = sum(count - 1 for count in per_user.values() if count > 1)
     times = sorted(redeliveries)
     print(
         f"\nsoak ({'with' if scheduler else 'without'} scheduler): {SIGNUPS} signups "
-        f"{dict(statuses)}, {KILLS} kills, lost={lost}, duplicated={duplicated}, "
+        f"{dict(statuses)}, {KILLS} kills, lost={lost}, duplicated={duplicated} "
+        f"(unexplained by a kill inside the send: {len(unexplained)}), "
         f"ledger rows={len(rows)} wrong={wrong_rows} extra={extra_rows} "
         f"states={dict(Counter(r['state'] for r in rows))}; "
         f"redelivery s: {[round(t, 1) for t in times]} "
@@ -257,5 +281,7 @@ def test_kill_9_soak_loses_no_email_duplicates_none_and_leaves_no_ledger_row_wro
         f"longest heartbeat silence {ages.longest_ms / 1000:.1f} s (timeout {timeout_s:.0f} s)"
     )
     assert statuses == {201: SIGNUPS}
-    assert (lost, duplicated) == (0, 0)
+    assert lost == 0
+    assert unexplained == set(), f"duplicates without a crash inside the send: {unexplained}"
+    assert duplicated <= KILLS * 4  # at most one send in flight per killed thread (4 each)
     assert (len(rows), wrong_rows, extra_rows) == (SIGNUPS, 0, 0)
