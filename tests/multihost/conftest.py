@@ -224,7 +224,7 @@ def system() -> Iterator[System]:
         bed = NetBed.create(directory)
     except NetBedUnavailable as exc:
         print(f"\nmultihost tests skipped: {exc}")
-        pytest.skip(f"multihost: {exc}")
+        pytest.skip(reason=f"multihost: {exc}")
     system = System(bed)
     try:
         system.start()
