@@ -17,7 +17,8 @@ while every worker was busy are harmless (a spurious wake-up costs one empty
 fetch); the list is trimmed and expires, so it cannot grow without bound.
 
 ``DRAMATIQ_BROKER["OPTIONS"]["instant_wakeup"] = False`` restores the stock
-broker's behaviour exactly (no tokens, sleep instead of BLPOP).
+consumer's polling (no tokens, sleep instead of BLPOP); acks still follow the
+ledger write either way (``jobs.broker.acks``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
+from jobs.broker.acks import HeldAcks, LedgerOrderedConsumer
 from jobs.broker.sentinel import master_client
 
 # More tokens than idle consumers of one queue are never useful: each wakes one
@@ -70,8 +72,12 @@ def confirmed_by_replicas(replicas: int, timeout_ms: int) -> Iterator[None]:
         _replica_ack.reset(token)
 
 
-class WakeupRedisBroker(RedisBroker):
-    """RedisBroker + wake-up tokens. ``instant_wakeup=False`` is the stock broker."""
+class WakeupRedisBroker(HeldAcks, RedisBroker):
+    """RedisBroker + wake-up tokens + acks that follow the ledger write
+    (``jobs.broker.acks``). ``instant_wakeup=False`` polls like the stock broker."""
+
+    # Read by the ledger middleware: our consumers hold acks, no thread waits.
+    acks_after_ledger = True
 
     def __init__(
         self,
@@ -91,7 +97,7 @@ class WakeupRedisBroker(RedisBroker):
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
-        return _WakeupConsumer if self.instant_wakeup else _RedisConsumer
+        return _WakeupConsumer if self.instant_wakeup else LedgerOrderedConsumer
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
         """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip."""
@@ -156,7 +162,7 @@ class WakeupRedisBroker(RedisBroker):
         pipe.execute()
 
 
-class _WakeupConsumer(_RedisConsumer):
+class _WakeupConsumer(LedgerOrderedConsumer):
     """Waits on the wake list (BLPOP) where the stock consumer sleeps."""
 
     broker: WakeupRedisBroker

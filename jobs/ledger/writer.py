@@ -3,10 +3,13 @@
 Every Dramatiq hook becomes an ``Event``. ``record()`` writes it at once when
 ``JOBS_LEDGER_FLUSH_MS`` is 0, otherwise hands it to a per-process background
 writer that merges the events of each flush into one transaction. A job's end
-(success, failure or skip) is written before the worker acks the message (the
-worker thread waits, group-commit style, with every other thread finishing
-then), so a killed worker never leaves a finished job unrecorded. Writes are
-ordered by ``progress``:
+(success, failure or skip) is written before the worker acks the message, so a
+killed worker never leaves a finished job unrecorded. On the project's broker
+the worker thread does not wait for that write: the consumer hands the ack to
+the writer (``after_written``), which sends the acks of a whole batch in one
+Redis round trip right after committing it (group commit without a blocked
+thread). Elsewhere the thread waits (``durable=True``). Writes are ordered by
+``progress``:
 
     progress = position * 10 + phase           phase: delayed 1, enqueued 2, running 3
     position = attempt_index * DEFERRAL_SLOTS + deferrals of that attempt
@@ -35,6 +38,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -333,10 +337,16 @@ def _write_safely(events: list[Event]) -> None:
             connection.close_if_unusable_or_obsolete()
 
 
+# Runs the acks (or any step) held until their events were written: called once
+# per batch with every item that became ready, it returns the items to try again.
+AfterWritten = Callable[[list[Any]], list[Any]]
+
+
 class BatchWriter:
     """A background thread writing buffered events: every ``interval`` seconds, or
     at once when a caller waits for its event to be durable (group commit: the
-    events of every waiting worker thread go out in one transaction).
+    events of every waiting worker thread go out in one transaction), or when an
+    ack waits for it.
     """
 
     DURABLE_WAIT = 5.0  # seconds; past it the job goes on and the event stays queued
@@ -348,15 +358,23 @@ class BatchWriter:
         self.condition = threading.Condition()
         self.added = 0  # sequence number of the last event added
         self.written = 0  # ... and of the last event whose write was attempted
+        self.settled = 0  # ... and whose held acks were sent too
         self.urgent = False
+        # message id -> the sequence number its ack must wait for
+        self.tickets: dict[str, int] = {}
+        # (sequence number, runner, item) of acks handed over by consumers
+        self.held: list[tuple[int, AfterWritten, Any]] = []
         self.thread = threading.Thread(target=self._run, name="job-ledger-writer", daemon=True)
         self.thread.start()
 
-    def add(self, event: Event, *, durable: bool = False) -> None:
+    def add(self, event: Event, *, durable: bool = False, before_ack: bool = False) -> None:
         with self.condition:
             self.added += 1
             seq = self.added
             self.buffer.append((seq, event))
+            if before_ack:
+                self._hold(event.message_id, seq)
+                return
             if not durable:
                 return
             self.urgent = True
@@ -366,13 +384,34 @@ class BatchWriter:
                     "Job ledger write slower than %.0f s; not waiting", self.DURABLE_WAIT
                 )
 
+    def hold_ack(self, message_id: str) -> None:
+        """The message's ack waits for every event added so far."""
+        with self.condition:
+            self._hold(message_id, self.added)
+
+    def _hold(self, message_id: str, seq: int) -> None:
+        self.tickets[message_id] = seq
+        self.urgent = True
+        self.condition.notify_all()
+
+    def after_written(self, message_id: str, runner: AfterWritten, item: Any) -> bool:
+        """Have ``runner([item, ...])`` called once the message's held events are
+        written; False (run it yourself, now) when nothing holds the message."""
+        with self.condition:
+            seq = self.tickets.pop(message_id, None)
+            if seq is None or seq <= self.written:
+                return False
+            self.held.append((seq, runner, item))
+            return True
+
     def flush(self, timeout: float = 10.0) -> bool:
-        """Write everything added so far; True when it was written in time."""
+        """Write everything added so far (and send the acks it held); True when
+        it was done in time."""
         with self.condition:
             target = self.added
             self.urgent = True
             self.condition.notify_all()
-            return self.condition.wait_for(lambda: self.written >= target, timeout)
+            return self.condition.wait_for(lambda: self.settled >= target, timeout)
 
     def _take(self) -> tuple[int, list[Event]]:
         with self.condition:
@@ -381,6 +420,28 @@ class BatchWriter:
             taken = list(self.buffer)
             self.buffer.clear()
         return (taken[-1][0] if taken else 0), [event for _, event in taken]
+
+    def _release(self) -> None:
+        """Run the held steps whose events are written; keep those that failed."""
+        with self.condition:
+            written = self.written
+            ready = [entry for entry in self.held if entry[0] <= written]
+            self.held = [entry for entry in self.held if entry[0] > written]
+        by_runner: dict[AfterWritten, list[Any]] = {}
+        for _, runner, item in ready:
+            by_runner.setdefault(runner, []).append(item)
+        retry: list[tuple[int, AfterWritten, Any]] = []
+        for runner, items in by_runner.items():
+            try:
+                failed = runner(items)
+            except Exception:
+                logger.exception("Job acks after a ledger write failed; trying again")
+                failed = items
+            retry += [(0, runner, item) for item in failed]
+        with self.condition:
+            self.held += retry
+            self.settled = max(self.settled, written)
+            self.condition.notify_all()
 
     def _run(self) -> None:
         while True:
@@ -393,6 +454,7 @@ class BatchWriter:
                 with self.condition:
                     self.written = max(self.written, last)
                     self.condition.notify_all()
+                self._release()
 
 
 _writer: BatchWriter | None = None
@@ -421,12 +483,14 @@ def _batch_writer() -> BatchWriter:
     return _writer
 
 
-def record(event: Event, *, durable: bool = False) -> None:
+def record(event: Event, *, durable: bool = False, before_ack: bool = False) -> None:
     """Record ``event``: now (flush interval 0) or with the next batch.
 
     ``durable`` waits until the event's batch is written: a worker records a
     job's end this way before it acks the message, so a worker killed right
-    after never leaves a finished job shown as running.
+    after never leaves a finished job shown as running. ``before_ack`` gets the
+    same order without the wait, for a consumer that asks ``after_written``
+    before it acks.
     """
     if not settings.JOBS_LEDGER_ENABLED:
         return
@@ -434,7 +498,22 @@ def record(event: Event, *, durable: bool = False) -> None:
     if settings.JOBS_LEDGER_FLUSH_MS <= 0:
         _write_safely([event])
     else:
-        _batch_writer().add(event, durable=durable)
+        _batch_writer().add(event, durable=durable, before_ack=before_ack)
+
+
+def hold_ack(message_id: str) -> None:
+    """The message's ack (via ``after_written``) waits for every event recorded so far."""
+    if settings.JOBS_LEDGER_ENABLED and settings.JOBS_LEDGER_FLUSH_MS > 0:
+        _batch_writer().hold_ack(message_id)
+
+
+def after_written(message_id: str, runner: AfterWritten, item: Any) -> bool:
+    """Hand ``item`` to ``runner`` once the events held for the message are
+    written (see ``BatchWriter.after_written``); False when nothing holds it."""
+    writer = _writer
+    if writer is None or writer.pid != os.getpid():
+        return False
+    return writer.after_written(message_id, runner, item)
 
 
 def flush(timeout: float = 10.0) -> bool:

@@ -138,6 +138,20 @@ def _stores_return_value(broker: Broker, message: MessageProxy) -> bool:
     return bool(actor is not None and actor.options.get("store_return_value"))
 
 
+def _acks_after_ledger(broker: Broker) -> bool:
+    """Whether the broker's consumers hold each ack until the ledger wrote the
+    job's events (``jobs.broker.acks``), so no worker thread needs to wait."""
+    return bool(getattr(broker, "acks_after_ledger", False))
+
+
+def _record_before_ack(broker: Broker, event: Event) -> None:
+    """Record a job's end so that it is durable before the message is acked."""
+    if _acks_after_ledger(broker):
+        ledger.record(event, before_ack=True)
+    else:
+        ledger.record(event, durable=True)
+
+
 class Ledger(dramatiq.Middleware):
     """Records every message's state, attempts, timings and failures.
 
@@ -223,7 +237,10 @@ class Ledger(dramatiq.Middleware):
             # recorded it "delayed". Written before the ack like a failure, or
             # a worker dying now would leave the job "running" on an acked
             # message, which the watchdog takes for a success.
-            ledger.flush(ledger.BatchWriter.DURABLE_WAIT)
+            if _acks_after_ledger(broker):
+                ledger.hold_ack(message.message_id)
+            else:
+                ledger.flush(ledger.BatchWriter.DURABLE_WAIT)
             return
         create = create or _create_fields(broker, message)
         timing = {
@@ -233,11 +250,11 @@ class Ledger(dramatiq.Middleware):
         if exception is None:
             if _stores_return_value(broker, message):
                 timing["return_value"] = result
-            # Waited for, like a failure: once the message is acked nothing in
-            # Redis says the job ran, so a success lost with a killed worker's
-            # batch could only be guessed. Group commit keeps the cost to one
-            # transaction per batch of finishing threads.
-            ledger.record(
+            # Written before the ack, like a failure: once the message is acked
+            # nothing in Redis says the job ran, so a success lost with a killed
+            # worker's batch could only be guessed.
+            _record_before_ack(
+                broker,
                 Event(
                     message.message_id,
                     states.SUCCEEDED,
@@ -246,7 +263,6 @@ class Ledger(dramatiq.Middleware):
                     timing,
                     subjects=_subjects(broker, message),
                 ),
-                durable=True,
             )
             return
         errors = _error_fields(message, exception)
@@ -265,7 +281,8 @@ class Ledger(dramatiq.Middleware):
             # Retries has enqueued the retry already (a "delayed" event for the
             # next attempt); this one only notes the error on the job.
             state, progress, update = states.RUNNING, running, {}
-        ledger.record(
+        _record_before_ack(
+            broker,
             Event(
                 message.message_id,
                 state,
@@ -276,7 +293,6 @@ class Ledger(dramatiq.Middleware):
                 annotate=errors,
                 subjects=_subjects(broker, message),
             ),
-            durable=True,
         )
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
@@ -284,7 +300,8 @@ class Ledger(dramatiq.Middleware):
         if message.options.get("paused_requeue"):
             return
         reason = message.options.get("skip_reason", "age limit")
-        ledger.record(
+        _record_before_ack(
+            broker,
             Event(
                 message.message_id,
                 states.SKIPPED,
@@ -293,7 +310,6 @@ class Ledger(dramatiq.Middleware):
                 {"finished_at": _now(), "skip_reason": reason},
                 subjects=_subjects(broker, message),
             ),
-            durable=True,
         )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import atexit
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
+from jobs.broker.pulse import pulse
 from jobs.broker.workers import Heartbeat
 from jobs.errors import is_deferral
 from jobs.middleware.control import PAUSE_REQUEUES
@@ -26,6 +28,12 @@ class Metrics(dramatiq.Middleware):
     def __init__(self) -> None:
         self._started: dict[str, float] = {}
         self._heartbeat: Heartbeat | None = None
+
+    @property
+    def forks(self) -> list[Callable[[], int]]:
+        # rundramatiq runs it beside the workers: their heartbeat while a job
+        # holds the GIL (jobs.broker.pulse).
+        return [pulse]
 
     def after_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:
         # Only a message sent for the first time: a retry is counted where it

@@ -16,8 +16,12 @@ from django.conf import settings
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Dramatiq's own command on a module of actors (see tests.e2e.stock_worker_app)
+STOCK_DRAMATIQ = ("-m", "dramatiq", "tests.e2e.stock_worker_app")
+
+
 class WorkerProcess:
-    """``python manage.py rundramatiq`` as a real subprocess."""
+    """``python manage.py rundramatiq`` (or another ``command``) as a real subprocess."""
 
     def __init__(
         self,
@@ -27,14 +31,14 @@ class WorkerProcess:
         processes: int = 1,
         threads: int = 2,
         queues: tuple[str, ...] = (),
+        command: tuple[str, ...] = ("manage.py", "rundramatiq"),
     ) -> None:
         self.log_path = log_path
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(
             [
                 sys.executable,
-                "manage.py",
-                "rundramatiq",
+                *command,
                 "--processes",
                 str(processes),
                 "--threads",

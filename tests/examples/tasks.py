@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 
@@ -37,12 +38,22 @@ def demo_pipeline(key: str, steps: int = 5, step_ms: int = 0, fail_at_step: int 
             logger.info("demo_pipeline %s finished its %d steps", key, steps)
 
 
-# Counts its starts in Redis, then works for ``seconds``: the crash tests tell a
-# job that ran once from one handed to a second worker while it still ran (or
-# redelivered after its worker was killed).
+def hold_the_gil(seconds: float) -> None:
+    """Block the whole process for ``seconds``, as a C extension that keeps the GIL
+    does (dramatiq issue 692: a solver call): no other thread runs meanwhile.
+    ``PyDLL`` calls libc's ``sleep`` without releasing the GIL."""
+    ctypes.PyDLL(None).sleep(int(seconds))
+
+
+# Counts its starts in Redis, then works for ``seconds`` (asleep, or holding the
+# GIL): the crash tests tell a job that ran once from one handed to a second
+# worker while it still ran (or redelivered after its worker was killed).
 @dramatiq.actor(queue_name="long", max_retries=0, time_limit=10 * 60_000)
-def long_job(key: str, seconds: float) -> None:
+def long_job(key: str, seconds: float, gil: bool = False) -> None:
     client = redis_broker().client
     client.incr(f"long-job:{key}:starts")
-    time.sleep(seconds)
+    if gil:
+        hold_the_gil(seconds)
+    else:
+        time.sleep(seconds)
     client.incr(f"long-job:{key}:ends")

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import dramatiq
 import pytest
 from django.conf import settings
-from dramatiq.brokers.redis import _RedisConsumer
 
+from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.broker.wakeup import WAKE_LIST_MAX, WakeupRedisBroker, wake_key
 
 
@@ -90,7 +90,8 @@ def test_it_starts_a_job_on_an_idle_worker_within_milliseconds(namespace):
 def test_it_is_the_stock_polling_consumer_when_turned_off(namespace):
     # Given the same broker with wake-up off
     probe = Probe(namespace, instant_wakeup=False)
-    assert probe.broker.consumer_class is _RedisConsumer
+    # (the stock consumer's fetch and sleep; only its acks follow the ledger)
+    assert probe.broker.consumer_class is LedgerOrderedConsumer
     # When jobs are sent one at a time to an idle worker
     latencies = _latencies_ms(probe, 8)
     # Then they wait for the consumer's backoff sleep (the slowness wake-up removes)

@@ -1,0 +1,100 @@
+"""Acks that wait for the job ledger without making a worker thread wait.
+
+A job's end must be in the database before its message is acked: once acked,
+nothing in Redis says the job ran, so a success lost with a killed worker's
+unwritten batch could only be guessed. Waiting for that write in the worker
+thread (as ``ledger.record(durable=True)`` does) keeps the order but leaves the
+thread idle for a transaction per job: with fast jobs, most of a worker's time.
+
+Here the worker thread hands the ack over instead: the consumer asks the ledger
+writer to call back once the job's events are written, and the writer sends the
+acks of everything its transaction covered in one pipelined round trip. The
+thread takes its next message at once; the message stays in this worker's ack
+set (and counts against its prefetch) until the ack is sent, so a worker killed
+in between has the message redelivered, as with any unacked message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import _RedisConsumer
+
+from jobs.ledger import writer as ledger
+
+if TYPE_CHECKING:
+    from jobs.broker.wakeup import WakeupRedisBroker
+
+logger = logging.getLogger(__name__)
+
+# One warning per interval while Redis refuses the acks (they are retried on
+# every pass of the ledger writer, ~5 a second).
+_WARN_EVERY = 10.0
+
+# (consumer, message, "ack" or "nack")
+HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
+
+
+class LedgerOrderedConsumer(_RedisConsumer):
+    """Dramatiq's Redis consumer whose ack/nack follows the job's ledger write."""
+
+    broker: WakeupRedisBroker
+
+    def ack(self, message: dramatiq.MessageProxy) -> None:
+        if not self._held(message, "ack"):
+            super().ack(message)  # type: ignore[no-untyped-call]
+
+    def nack(self, message: dramatiq.MessageProxy) -> None:
+        if not self._held(message, "nack"):
+            super().nack(message)  # type: ignore[no-untyped-call]
+
+    def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
+        held: HeldAck = (self, message, command)
+        return ledger.after_written(message.message_id, self.broker.send_held_acks, held)
+
+
+class HeldAcks:
+    """The broker's side: send a batch of held acks in one round trip."""
+
+    namespace: str
+    client: Any  # redis.Redis, or the Sentinel master client
+    scripts: dict[str, Any]
+    _last_warning = 0.0
+
+    def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def send_held_acks(self, held: list[HeldAck]) -> list[HeldAck]:
+        """Ack (or nack) each message; the ones Redis could not take are returned."""
+        try:
+            try:
+                self._dispatch_all(held)
+            except redis.exceptions.NoScriptError:
+                # A restarted (or newly promoted) Redis lost its script cache. An
+                # ack or nack sent twice changes nothing the second time.
+                self.client.script_load(self.scripts["dispatch"].script)
+                self._dispatch_all(held)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            now = time.monotonic()
+            if now - HeldAcks._last_warning > _WARN_EVERY:
+                HeldAcks._last_warning = now
+                logger.warning("Could not ack %d job(s), trying again: %s", len(held), exc)
+            return held
+        for consumer, message, _command in held:
+            consumer.queued_message_ids.discard(message.message_id)
+        return []
+
+    def _dispatch_all(self, held: list[HeldAck]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for consumer, message, command in held:
+            # The consumer's queue, not the message's: a delayed message is
+            # acked on the delay queue it came from (as _RedisConsumer.ack does).
+            args = self._dispatch_args(
+                command, consumer.queue_name, message.options["redis_message_id"]
+            )
+            pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
+        pipe.execute()

@@ -1,0 +1,86 @@
+"""Heartbeats from outside the worker processes, for jobs that hold the GIL.
+
+The ``Heartbeat`` thread (jobs.broker.workers) runs inside a worker process, so
+a job that keeps the GIL (a C extension's long call: a solver, a codec) stops
+it along with every other thread of the process. After ``heartbeat_timeout``
+the worker looks dead and its messages are handed to other workers while it
+still runs them: dramatiq issue 692, which Dramatiq's own worker shows too.
+
+``pulse`` runs as a fork of rundramatiq's main process (a middleware's
+``forks``: one per rundramatiq, sharing no GIL with the workers). Every beat
+interval it beats for each worker process of the same rundramatiq that is still
+alive: a sibling under the same parent, not a zombie, whose broker id it read
+from the worker's presence key. A worker that dies stops being beaten at once
+(its process is gone or a zombie), so redelivery after a crash is as fast as
+before; a worker that is alive is never taken for dead, whatever its job does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def _stat(pid: int) -> tuple[str, int, str] | None:
+    """(state, parent pid, start time) of ``pid`` from /proc, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1]), fields[19]
+
+
+def live_siblings(parent: int) -> dict[int, str]:
+    """pid -> start time of the running (not zombie) children of ``parent``."""
+    found = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        pid = int(entry.name)
+        stat = _stat(pid) if pid != os.getpid() else None
+        if stat is not None and stat[1] == parent and stat[0] not in "ZX":
+            found[pid] = stat[2]
+    return found
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def pulse() -> int:
+    """Beat for this rundramatiq's live worker processes until its main process ends."""
+    import django
+
+    django.setup()
+    from jobs.broker import redis_broker
+    from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval, heartbeats_key
+
+    parent = os.getppid()
+    host = socket.gethostname()
+    client = redis_broker().client
+    known: dict[tuple[int, str], str] = {}  # (pid, start time) -> broker id
+    interval = beat_interval()
+    while os.getppid() == parent:
+        try:
+            alive = live_siblings(parent)
+            for pid, started in alive.items():
+                if (pid, started) not in known:
+                    # Written by the worker's own Heartbeat before its first job.
+                    broker_id = client.get(f"{PREFIX}{host}:{pid}")
+                    if broker_id:
+                        known[(pid, started)] = _text(broker_id)
+            known = {k: v for k, v in known.items() if alive.get(k[0]) == k[1]}
+            if known:
+                now_ms = int(time.time() * 1000)
+                pipe = client.pipeline(transaction=False)
+                pipe.zadd(heartbeats_key(), {broker_id: now_ms for broker_id in known.values()})
+                for (pid, _started), broker_id in known.items():
+                    pipe.set(f"{PREFIX}{host}:{pid}", broker_id, ex=TTL_SECONDS)
+                pipe.execute()
+        except Exception:
+            logger.warning("Worker pulse failed; trying again", exc_info=True)
+        time.sleep(interval)
+    return 0
