@@ -31,7 +31,7 @@ from django.utils import timezone
 from dramatiq.middleware import CurrentMessage
 
 from jobs.broker import workers
-from jobs.errors import TransientJobError
+from jobs.errors import Deferred, TransientJobError
 from jobs.models import EffectRecord
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,13 @@ DEFAULT_WAIT = timedelta(seconds=30)
 POLL_SECONDS = 0.2
 
 
-class EffectInProgress(TransientJobError):
-    """Another live worker still holds the claim on this key after ``wait``; retry later."""
+class EffectInProgress(Deferred, TransientJobError):
+    """Another live worker still holds the claim on this key after ``wait``.
+
+    A deferral, not a failure: the job runs again a little later as the same
+    attempt, using up none of its retries (a holder that is alive is working;
+    one that dies frees the claim for the next try).
+    """
 
 
 def _holder_dead(holder: str, lease_until: datetime) -> bool:
@@ -132,7 +137,7 @@ def run_once(
     """Run ``effect`` unless it already ran under ``key``; True if it ran now.
 
     Waits up to ``wait`` while another live worker holds the key, then raises
-    ``EffectInProgress`` (transient: the job is retried later).
+    ``EffectInProgress`` (a deferral: the job runs again later, no retry used).
     """
     token = secrets.token_hex(16)
     deadline = time.monotonic() + wait.total_seconds()

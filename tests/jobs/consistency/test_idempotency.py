@@ -31,6 +31,12 @@ def send_once(key: str) -> None:
     run_once(key, lambda: effects.append(key))
 
 
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=200)
+def send_once_impatient(key: str) -> None:
+    # A short wait, so that the holder outlasts it in a test of a second or two.
+    run_once(key, lambda: effects.append(key), wait=timedelta(milliseconds=300))
+
+
 def claim_held_by(holder: str, key: str) -> EffectRecord:
     # A lease far in the future: only the holder's death may free this claim.
     return EffectRecord.objects.create(
@@ -111,3 +117,31 @@ def test_a_claim_records_the_worker_and_the_job_that_made_it(worker: dramatiq.Wo
     assert record.holder == redis_broker().broker_id
     assert record.job_id == message.message_id
     assert workers.holder_alive(record.holder)
+
+
+def test_a_duplicate_that_outwaits_its_wait_is_deferred_not_retried(
+    worker: dramatiq.Worker,
+) -> None:
+    # Given a claim held by a live worker that finishes its effect 1.5 s later,
+    # longer than the duplicate's wait
+    claim_held_by("slow-worker", "effect:slow")
+    heartbeat("slow-worker", age_ms=0)
+
+    def holder_finishes() -> None:
+        time.sleep(1.5)
+        EffectRecord.objects.filter(key="effect:slow").update(
+            state=EffectRecord.State.DONE, done_at=timezone.now()
+        )
+
+    finisher = threading.Thread(target=holder_finishes)
+    finisher.start()
+
+    # When the duplicate runs, gives up waiting, and runs again later
+    message = send_once_impatient.send("effect:slow")
+    join(QUEUE)
+    finisher.join()
+
+    # Then waiting cost it no attempt: still the first, nothing failed, not run twice
+    job = Job.objects.get(message_id=message.message_id)
+    assert (job.state, job.attempts, job.failures.count()) == ("succeeded", 1, 0)
+    assert effects == []
