@@ -32,7 +32,7 @@ class Stack:
     label: str
     env: dict[str, str]
     done_sql: str | None = None  # counts finished jobs in the database
-    stats: list[dict[str, int]] = field(default_factory=list, compare=False)
+    stats: list[dict[str, Any]] = field(default_factory=list, compare=False)
 
 
 LEDGER_DONE = "select count(*) from jobs_job where state = 'succeeded'"
@@ -289,3 +289,38 @@ def _flush_broker() -> None:
 
     ledger.flush()
     redis_broker().client.flushdb()
+
+
+@measured(
+    "middleware-cost",
+    "time each middleware's per-message hooks and the ledger writer take per job (full stack 1x8)",
+)
+def middleware_cost(context: Context) -> list[Row]:
+    n = 1_000 if context.quick else 20_000
+    template = procs.template_database(context.workdir)
+    timed = Stack("hook times", {**STACKS["ours"].env, "BENCH_HOOK_TIMES": "1"}, LEDGER_DONE)
+    raw = Stack(STACKS["raw"].label, STACKS["raw"].env)
+    rates: dict[str, list[float]] = {"timed": [], "raw": []}
+    for run in range(context.runs):
+        for name, stack in (("timed", timed), ("raw", raw)):
+            rate = _drain_rate(stack, n=n, processes=1, context=context, template=template, run=run)
+            rates[name].append(rate)
+    jobs = n * context.runs
+    spent: dict[str, float] = {}
+    for stats in timed.stats:
+        for name, seconds in stats.get("hook_seconds", {}).items():
+            spent[name] = spent.get(name, 0.0) + seconds
+        spent["ledger writer thread"] = spent.get("ledger writer thread", 0.0) + stats.get(
+            "ledger_write_seconds", 0.0
+        )
+    raw_us = 1e6 / statistics.median(rates["raw"])
+    timed_us = 1e6 / statistics.median(rates["timed"])
+    rows = [
+        Row("wall time per job: full stack (timed)", f"{timed_us:.0f} us"),
+        Row("wall time per job: raw dramatiq", f"{raw_us:.0f} us"),
+    ]
+    for name, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+        # Thread time summed over 8 worker threads: comparable between
+        # middleware, not to the wall time per job above.
+        rows.append(Row(f"hooks of {name}", f"{seconds / jobs * 1e6:.0f} us/job (thread time)"))
+    return rows

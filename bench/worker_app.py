@@ -42,9 +42,44 @@ def _statement_counter() -> dict[str, int]:
     return counts
 
 
+_HOOKS = (
+    "before_process_message",
+    "after_process_message",
+    "after_skip_message",
+    "before_ack",
+    "after_ack",
+    "before_nack",
+    "after_nack",
+)
+
+
+def _time_hooks(broker: dramatiq.Broker) -> dict[str, float]:
+    """Wrap each middleware's per-message hooks to add up their time (seconds),
+    keyed by middleware class: what each one costs a job (``BENCH_HOOK_TIMES=1``)."""
+    spent: dict[str, float] = {}
+
+    def timed(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+
+        return hook
+
+    for middleware in broker.middleware:
+        for hook in _HOOKS:
+            if getattr(type(middleware), hook) is getattr(dramatiq.Middleware, hook):
+                continue  # not overridden: free
+            setattr(middleware, hook, timed(getattr(middleware, hook), type(middleware).__name__))
+    return spent
+
+
 class _StatsOnShutdown(dramatiq.Middleware):
-    def __init__(self, counts: dict[str, int]) -> None:
+    def __init__(self, counts: dict[str, int], hook_times: dict[str, float]) -> None:
         self.counts = counts
+        self.hook_times = hook_times
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         from jobs.ledger import writer as ledger
@@ -52,7 +87,12 @@ class _StatsOnShutdown(dramatiq.Middleware):
         ledger.flush()  # the ledger's last batch belongs to the cost
         directory = os.environ.get("BENCH_STATS_DIR")
         if directory:
-            stats = {**self.counts, "ledger_writes": ledger.stats.writes}
+            stats = {
+                **self.counts,
+                "ledger_writes": ledger.stats.writes,
+                "ledger_write_seconds": ledger.stats.write_seconds,
+                "hook_seconds": self.hook_times,
+            }
             Path(directory, f"{os.getpid()}.json").write_text(json.dumps(stats))
 
 
@@ -61,8 +101,9 @@ if STACK == "django":
 
     django.setup()
     _counts = _statement_counter()
+    _hook_times = _time_hooks(dramatiq.get_broker()) if os.environ.get("BENCH_HOOK_TIMES") else {}
     # Last, so after_worker_shutdown runs first and can flush the ledger.
-    dramatiq.get_broker().add_middleware(_StatsOnShutdown(_counts))
+    dramatiq.get_broker().add_middleware(_StatsOnShutdown(_counts, _hook_times))
 else:
     from dramatiq.brokers.redis import RedisBroker
 

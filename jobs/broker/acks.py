@@ -39,10 +39,27 @@ _WARN_EVERY = 10.0
 HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
 
 
+# Messages whose held ack the consumer does not count against its prefetch. The
+# prefetch bounds what a worker has taken and not yet run; a finished job waiting
+# for its batch is not that, and counting it would cap a batch at the prefetch
+# (small transactions, a slower writer). Past this many, a stalled ledger (the
+# database down) stops the worker from taking more work.
+HELD_ACKS_MAX = 1000
+
+
 class LedgerOrderedConsumer(_RedisConsumer):
     """Dramatiq's Redis consumer whose ack/nack follows the job's ledger write."""
 
     broker: WakeupRedisBroker
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.held_ids: set[str] = set()  # handed to the ledger writer, not yet acked
+
+    @property
+    def outstanding_message_count(self) -> int:
+        waiting = len(self.queued_message_ids) - min(len(self.held_ids), HELD_ACKS_MAX)
+        return waiting + len(self.message_cache)
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
         if not self._held(message, "ack"):
@@ -54,7 +71,11 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)
-        return ledger.after_written(message.message_id, self.broker.send_held_acks, held)
+        self.held_ids.add(message.message_id)
+        if ledger.after_written(message.message_id, self.broker.send_held_acks, held):
+            return True
+        self.held_ids.discard(message.message_id)
+        return False
 
 
 class HeldAcks:
@@ -86,6 +107,7 @@ class HeldAcks:
             return held
         for consumer, message, _command in held:
             consumer.queued_message_ids.discard(message.message_id)
+            consumer.held_ids.discard(message.message_id)
         return []
 
     def _dispatch_all(self, held: list[HeldAck]) -> None:

@@ -170,7 +170,7 @@ class _WakeupConsumer(LedgerOrderedConsumer):
     def __init__(
         self, broker: WakeupRedisBroker, queue_name: str, prefetch: int, timeout: int
     ) -> None:
-        super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
+        super().__init__(broker, queue_name, prefetch, timeout)
         self.wake_key = wake_key(broker.namespace, queue_name)
         # A BLPOP must return before the client's socket timeout, or redis-py
         # reports a dead connection and the worker restarts its consumer.

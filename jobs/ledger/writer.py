@@ -105,6 +105,7 @@ class Stats:
     statements: int = 0
     write_failures: int = 0
     retries: int = 0  # batches written again after a deadlock or lock timeout
+    write_seconds: float = 0.0  # spent writing batches (the bench's cost per job)
 
 
 stats = Stats()
@@ -446,6 +447,7 @@ class BatchWriter:
     def _run(self) -> None:
         while True:
             last, events = self._take()
+            started = time.perf_counter()
             try:
                 if events:
                     _write_safely(events)
@@ -455,6 +457,7 @@ class BatchWriter:
                     self.written = max(self.written, last)
                     self.condition.notify_all()
                 self._release()
+                stats.write_seconds += time.perf_counter() - started
 
 
 _writer: BatchWriter | None = None
