@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DRAMATIQ = str(Path(sys.executable).parent / "dramatiq")
 QUEUE = "bench"
+_SECRET_KEY = secrets.token_urlsafe(50)  # DEBUG off refuses the insecure development key
 # bench.worker_app's probe actor pushes [sent_at, started_at] here.
 STARTED_KEY = "bench:started"
 
@@ -89,6 +91,10 @@ def workers(
         "--queues",
         "bench",
     ]
+    # Production's DEBUG (off) for workers: with it on, Django keeps a log of
+    # every SQL statement. (Web scenarios keep the default: DEBUG off would need
+    # collectstatic for the admin's pages.)
+    env = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": _SECRET_KEY, **env}
     with open(log, "ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=dict(env), stdout=out, stderr=out)
     try:
@@ -109,6 +115,10 @@ def gunicorn(*, port: int, env: Mapping[str, str], log: Path) -> Iterator[None]:
         "--log-level",
         "warning",
     ]
+    # Production's DEBUG (off) for workers: with it on, Django keeps a log of
+    # every SQL statement. (Web scenarios keep the default: DEBUG off would need
+    # collectstatic for the admin's pages.)
+    env = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": _SECRET_KEY, **env}
     with open(log, "ab") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=dict(env), stdout=out, stderr=out)
     try:

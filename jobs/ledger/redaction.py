@@ -17,9 +17,10 @@ what they took.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dramatiq
@@ -78,15 +79,29 @@ def redact(value: Any, *, name: str = "") -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=1024)
+def _positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], list[str]]:
+    """(positional names, [*args name] or [""]) of ``fn``: read once per function,
+    as ``inspect.signature`` costs more than the rest of a job's ledger event."""
+    try:
+        parameters = list(inspect.signature(inspect.unwrap(fn)).parameters.values())
+    except (TypeError, ValueError):
+        return [], [""]
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    rest = [p.name for p in parameters if p.kind == p.VAR_POSITIONAL] or [""]
+    return names, rest
+
+
 def positional_names(actor_name: str, count: int) -> list[str]:
     """The parameter names of an actor's first ``count`` positional arguments ("" if unknown)."""
     try:
-        fn = inspect.unwrap(dramatiq.get_broker().get_actor(actor_name).fn)
-        parameters = list(inspect.signature(fn).parameters.values())
-    except (ActorNotFound, TypeError, ValueError):
+        fn = dramatiq.get_broker().get_actor(actor_name).fn
+    except ActorNotFound:
         return [""] * count
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    rest = [p.name for p in parameters if p.kind == p.VAR_POSITIONAL] or [""]
+    try:
+        names, rest = _positional_parameters(fn)
+    except TypeError:  # an unhashable callable: read it each time
+        names, rest = _positional_parameters.__wrapped__(fn)
     return (names + rest * count)[:count]
 
 

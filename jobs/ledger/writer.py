@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import connection, transaction
 
 from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
@@ -247,6 +247,9 @@ def write(events: list[Event]) -> None:
 # simply run again: deadlock_detected, serialization_failure, lock_not_available
 # (lock_timeout).
 _TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+# The writer thread reconnects this often, so a database moved behind a proxy or
+# DNS name is followed (errors reconnect at once).
+CONNECTION_MAX_AGE = 60.0
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)  # seconds before each new try, before jitter
 GIVE_UP_AFTER = 3  # first job-by-job writes all failing: the cause is not in the events
 
@@ -351,6 +354,9 @@ class BatchWriter:
     """
 
     DURABLE_WAIT = 5.0  # seconds; past it the job goes on and the event stays queued
+    # This thread's database connection, and when it was first seen (monotonic)
+    known_connection: object = None
+    connected_at = 0.0
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
@@ -414,6 +420,22 @@ class BatchWriter:
             self.condition.notify_all()
             return self.condition.wait_for(lambda: self.settled >= target, timeout)
 
+    def _tidy_connection(self) -> None:
+        """Keep this thread's connection between batches; drop it after an error
+        or once it is ``CONNECTION_MAX_AGE`` old.
+
+        Not ``close_old_connections()``: SQLite's CONN_MAX_AGE is 0 (made for
+        request threads), and reopening a connection per batch (with its WAL
+        pragmas) cost more than the batch's own statements.
+        """
+        now = time.monotonic()
+        if connection.connection is None:
+            return
+        if connection.connection is not self.known_connection:  # opened by this batch
+            self.known_connection, self.connected_at = connection.connection, now
+        if connection.errors_occurred or now - self.connected_at > CONNECTION_MAX_AGE:
+            connection.close()
+
     def _take(self) -> tuple[int, list[Event]]:
         with self.condition:
             self.condition.wait_for(lambda: self.urgent, self.interval)
@@ -452,7 +474,7 @@ class BatchWriter:
                 if events:
                     _write_safely(events)
             finally:
-                close_old_connections()
+                self._tidy_connection()
                 with self.condition:
                     self.written = max(self.written, last)
                     self.condition.notify_all()
