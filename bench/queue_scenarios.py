@@ -12,6 +12,7 @@ import json
 import random
 import sqlite3
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,8 +64,8 @@ def _drain_rate(
     broker.client.flushdb()
     tag = f"{stack.label}-{processes}-{run}".replace(" ", "_").replace(",", "")
     database = context.workdir / f"throughput-{tag}.sqlite3"
-    stats_dir = context.workdir / f"stats-{tag}"
-    stats_dir.mkdir()
+    # Unique: middleware-cost drains the same "raw dramatiq" stack as throughput.
+    stats_dir = Path(tempfile.mkdtemp(prefix=f"stats-{tag}-", dir=context.workdir))
     env = procs.base_env(
         DATABASE_URL=procs.copy_database(template, database),
         BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
