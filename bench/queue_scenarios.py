@@ -14,7 +14,8 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,54 +58,78 @@ def _stock_broker() -> WakeupRedisBroker:
     return WakeupRedisBroker(url=settings.BROKER_REDIS_URL, instant_wakeup=False)
 
 
+# A fresh ledger database per drain: called with the drain's tag, it yields the
+# DATABASE_URL for its workers and cleans up after them.
+FreshDatabase = Callable[[str], AbstractContextManager[str]]
+
+
+def _sqlite_copies(context: Context) -> FreshDatabase:
+    """Copies of one migrated SQLite file (left in the work directory)."""
+    template = procs.template_database(context.workdir)
+
+    @contextmanager
+    def fresh(tag: str) -> Iterator[str]:
+        yield procs.copy_database(template, context.workdir / f"throughput-{tag}.sqlite3")
+
+    return fresh
+
+
 def _drain_rate(
-    stack: Stack, *, n: int, processes: int, context: Context, template: Path, run: int
+    stack: Stack, *, n: int, processes: int, context: Context, databases: FreshDatabase, run: int
 ) -> float:
     broker = _stock_broker()
     broker.client.flushdb()
     tag = f"{stack.label}-{processes}-{run}".replace(" ", "_").replace(",", "")
-    database = context.workdir / f"throughput-{tag}.sqlite3"
     # Unique: middleware-cost drains the same "raw dramatiq" stack as throughput.
     stats_dir = Path(tempfile.mkdtemp(prefix=f"stats-{tag}-", dir=context.workdir))
-    env = procs.base_env(
-        DATABASE_URL=procs.copy_database(template, database),
-        BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
-        BENCH_STATS_DIR=str(stats_dir),
-        **stack.env,
-    )
-    procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
-    msgs_key = f"{broker.namespace}:bench.msgs"
-    first = end = None
-    with procs.workers(processes=processes, threads=8, env=env, log=context.workdir / "w.log"):
-        deadline = time.monotonic() + 60 + n / 100
-        while time.monotonic() < deadline:
-            left = int(broker.client.hlen(msgs_key))
-            now = time.perf_counter()
-            if first is None and left < n:
-                first, start_left = now, left
-            if left == 0:
-                end = now
-                break
-            time.sleep(0.005)
-        if end is None or first is None:
-            raise RuntimeError(f"{stack.label}: queue not drained in time")
-        if stack.done_sql:
-            end = _wait_recorded(database, stack.done_sql, n, deadline)
+    with databases(tag) as database_url:
+        env = procs.base_env(
+            DATABASE_URL=database_url,
+            BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
+            BENCH_STATS_DIR=str(stats_dir),
+            **stack.env,
+        )
+        procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
+        msgs_key = f"{broker.namespace}:bench.msgs"
+        first = end = None
+        log = context.workdir / "w.log"
+        with procs.workers(processes=processes, threads=8, env=env, log=log):
+            deadline = time.monotonic() + 60 + n / 100
+            while time.monotonic() < deadline:
+                left = int(broker.client.hlen(msgs_key))
+                now = time.perf_counter()
+                if first is None and left < n:
+                    first, start_left = now, left
+                if left == 0:
+                    end = now
+                    break
+                time.sleep(0.005)
+            if end is None or first is None:
+                raise RuntimeError(f"{stack.label}: queue not drained in time")
+            if stack.done_sql:
+                end = _wait_recorded(database_url, stack.done_sql, n, deadline)
     stack.stats.extend(json.loads(p.read_text()) for p in stats_dir.glob("*.json"))
     # Jobs finished after the first one was seen, over the time they took.
     return start_left / (end - first)
 
 
-def _wait_recorded(database: Path, sql: str, n: int, deadline: float) -> float:
-    db = sqlite3.connect(database, timeout=30)
-    try:
+def _wait_recorded(database_url: str, sql: str, n: int, deadline: float) -> float:
+    with _connect(database_url) as db:
         while time.monotonic() < deadline:
             if db.execute(sql).fetchone()[0] >= n:
                 return time.perf_counter()
             time.sleep(0.02)
-    finally:
-        db.close()
     raise RuntimeError(f"the database never recorded {n} finished jobs")
+
+
+def _connect(database_url: str) -> AbstractContextManager[Any]:
+    """A connection that counts rows behind the workers' backs, closed on exit."""
+    if database_url.startswith("sqlite:///"):
+        return closing(sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=30))
+    import psycopg  # the postgres extra; only PostgreSQL drains get here
+
+    # Autocommit: each count sees every transaction committed before it.
+    return psycopg.connect(database_url, autocommit=True)
 
 
 def _ratio_row(
@@ -125,7 +150,7 @@ def _ratio_row(
 @measured("throughput", "no-op jobs drained by dramatiq worker processes (8 threads each)")
 def throughput(context: Context) -> list[Row]:
     n = 1_000 if context.quick else 20_000
-    template = procs.template_database(context.workdir)
+    databases = _sqlite_copies(context)
     names = ["raw", "ours", "ledger-off", "admin-mw", "wake-off"]
     stacks = {
         name: Stack(STACKS[name].label, STACKS[name].env, STACKS[name].done_sql) for name in names
@@ -141,7 +166,7 @@ def throughput(context: Context) -> list[Row]:
                         n=n,
                         processes=processes,
                         context=context,
-                        template=template,
+                        databases=databases,
                         run=run,
                     )
                 )
@@ -298,13 +323,15 @@ def _flush_broker() -> None:
 )
 def middleware_cost(context: Context) -> list[Row]:
     n = 1_000 if context.quick else 20_000
-    template = procs.template_database(context.workdir)
+    databases = _sqlite_copies(context)
     timed = Stack("hook times", {**STACKS["ours"].env, "BENCH_HOOK_TIMES": "1"}, LEDGER_DONE)
     raw = Stack(STACKS["raw"].label, STACKS["raw"].env)
     rates: dict[str, list[float]] = {"timed": [], "raw": []}
     for run in range(context.runs):
         for name, stack in (("timed", timed), ("raw", raw)):
-            rate = _drain_rate(stack, n=n, processes=1, context=context, template=template, run=run)
+            rate = _drain_rate(
+                stack, n=n, processes=1, context=context, databases=databases, run=run
+            )
             rates[name].append(rate)
     jobs = n * context.runs
     spent: dict[str, float] = {}
