@@ -4,6 +4,14 @@ Workers are real ``dramatiq`` processes (bench.worker_app) draining a queue
 filled beforehand; throughput counts from the first acknowledged job to the
 moment the queue is empty *and*, for the ledger variants, every job is recorded
 as finished in the database (a ledger that lags behind is not free).
+
+The ledger sits on SQLite in ``throughput`` and on PostgreSQL in
+``throughput-pg``. PostgreSQL is a scenario of its own rather than more variants
+of ``throughput``: ``--only throughput`` keeps its run time and its figures as
+they were, and only ``throughput-pg`` starts a cluster (bench.postgres). It
+drains raw Dramatiq again, interleaved with its own runs, so each ratio compares
+two figures from the same minutes; a full run pays for that second baseline
+(12 more drains of 20,000 jobs, a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import json
 import random
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -180,14 +189,55 @@ def throughput(context: Context) -> list[Row]:
             ),
             _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], 0.9),
         ]
-    for name in ("ours", "admin-mw"):
-        stats = stacks[name].stats
-        jobs = n * context.runs * (1 if context.quick else 2)
-        statements = sum(s["statements"] for s in stats) / jobs
-        writes = sum(s.get("ledger_writes", 0) for s in stats)
-        note = f"{statements:.2f} SQL/job" + (f", {jobs / writes:.0f} jobs/txn" if writes else "")
-        rows.append(Row(f"db cost: {stacks[name].label}", note))
+    jobs = n * context.runs * (1 if context.quick else 2)
+    rows += [_db_cost_row(stacks[name], jobs) for name in ("ours", "admin-mw")]
     return rows
+
+
+def _db_cost_row(stack: Stack, jobs: int) -> Row:
+    statements = sum(s["statements"] for s in stack.stats) / jobs
+    writes = sum(s.get("ledger_writes", 0) for s in stack.stats)
+    note = f"{statements:.2f} SQL/job" + (f", {jobs / writes:.0f} jobs/txn" if writes else "")
+    return Row(f"db cost: {stack.label}", note)
+
+
+@measured(
+    "throughput-pg",
+    "throughput's full stack 1x8 and 2x8 with the ledger on PostgreSQL (the bench's own"
+    " cluster, a fresh database per drain) vs raw dramatiq, measured again in this scenario",
+)
+def throughput_pg(context: Context) -> list[Row]:
+    from bench import postgres
+
+    reason = postgres.missing()
+    if reason:
+        print(f"throughput-pg: PostgreSQL rows skipped: {reason}", file=sys.stderr, flush=True)
+        return [Row("full stack (PostgreSQL)", f"skipped: {reason}")]
+    n = 1_000 if context.quick else 20_000
+    stacks = {
+        "raw": Stack(STACKS["raw"].label, STACKS["raw"].env),
+        "ours": Stack("full stack on PostgreSQL", STACKS["ours"].env, LEDGER_DONE),
+    }
+    rows: list[Row] = []
+    with postgres.cluster(context.workdir) as cluster:
+        for processes in (1,) if context.quick else (1, 2):
+            rates: dict[str, list[float]] = {name: [] for name in stacks}
+            for run in range(context.runs):
+                for name, stack in stacks.items():  # interleaved, as in throughput
+                    rate = _drain_rate(
+                        stack,
+                        n=n,
+                        processes=processes,
+                        context=context,
+                        databases=cluster.fresh_database,
+                        run=run,
+                    )
+                    rates[name].append(rate)
+            raw, ours = (statistics.median(rates[name]) for name in ("raw", "ours"))
+            label = f"full stack {processes}x8 (PostgreSQL)"
+            rows.append(_ratio_row(label, ours, "raw dramatiq", raw, 0.8))
+    jobs = n * context.runs * (1 if context.quick else 2)
+    return [*rows, _db_cost_row(stacks["ours"], jobs)]
 
 
 def _latencies(
