@@ -1,7 +1,8 @@
 """``python -m bench [--quick] [--only NAME ...] [--runs N]``.
 
 Starts its own redis-server, a migrated SQLite database and, per scenario,
-worker and gunicorn subprocesses; everything lives in a temporary directory.
+worker and gunicorn subprocesses (and, for throughput-pg only, a PostgreSQL
+cluster); everything lives in a temporary directory.
 """
 
 from __future__ import annotations

@@ -4,6 +4,14 @@ Workers are real ``dramatiq`` processes (bench.worker_app) draining a queue
 filled beforehand; throughput counts from the first acknowledged job to the
 moment the queue is empty *and*, for the ledger variants, every job is recorded
 as finished in the database (a ledger that lags behind is not free).
+
+The ledger sits on SQLite in ``throughput`` and on PostgreSQL in
+``throughput-pg``. PostgreSQL is a scenario of its own rather than more variants
+of ``throughput``: ``--only throughput`` keeps its run time and its figures as
+they were, and only ``throughput-pg`` starts a cluster (bench.postgres). It
+drains raw Dramatiq again, interleaved with its own runs, so each ratio compares
+two figures from the same minutes; a full run pays for that second baseline
+(12 more drains of 20,000 jobs, a few minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -12,8 +20,11 @@ import json
 import random
 import sqlite3
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,54 +67,78 @@ def _stock_broker() -> WakeupRedisBroker:
     return WakeupRedisBroker(url=settings.BROKER_REDIS_URL, instant_wakeup=False)
 
 
+# A fresh ledger database per drain: called with the drain's tag, it yields the
+# DATABASE_URL for its workers and cleans up after them.
+FreshDatabase = Callable[[str], AbstractContextManager[str]]
+
+
+def _sqlite_copies(context: Context) -> FreshDatabase:
+    """Copies of one migrated SQLite file (left in the work directory)."""
+    template = procs.template_database(context.workdir)
+
+    @contextmanager
+    def fresh(tag: str) -> Iterator[str]:
+        yield procs.copy_database(template, context.workdir / f"throughput-{tag}.sqlite3")
+
+    return fresh
+
+
 def _drain_rate(
-    stack: Stack, *, n: int, processes: int, context: Context, template: Path, run: int
+    stack: Stack, *, n: int, processes: int, context: Context, databases: FreshDatabase, run: int
 ) -> float:
     broker = _stock_broker()
     broker.client.flushdb()
     tag = f"{stack.label}-{processes}-{run}".replace(" ", "_").replace(",", "")
-    database = context.workdir / f"throughput-{tag}.sqlite3"
-    stats_dir = context.workdir / f"stats-{tag}"
-    stats_dir.mkdir()
-    env = procs.base_env(
-        DATABASE_URL=procs.copy_database(template, database),
-        BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
-        BENCH_STATS_DIR=str(stats_dir),
-        **stack.env,
-    )
-    procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
-    msgs_key = f"{broker.namespace}:bench.msgs"
-    first = end = None
-    with procs.workers(processes=processes, threads=8, env=env, log=context.workdir / "w.log"):
-        deadline = time.monotonic() + 60 + n / 100
-        while time.monotonic() < deadline:
-            left = int(broker.client.hlen(msgs_key))
-            now = time.perf_counter()
-            if first is None and left < n:
-                first, start_left = now, left
-            if left == 0:
-                end = now
-                break
-            time.sleep(0.005)
-        if end is None or first is None:
-            raise RuntimeError(f"{stack.label}: queue not drained in time")
-        if stack.done_sql:
-            end = _wait_recorded(database, stack.done_sql, n, deadline)
+    # Unique: middleware-cost drains the same "raw dramatiq" stack as throughput.
+    stats_dir = Path(tempfile.mkdtemp(prefix=f"stats-{tag}-", dir=context.workdir))
+    with databases(tag) as database_url:
+        env = procs.base_env(
+            DATABASE_URL=database_url,
+            BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
+            BENCH_STATS_DIR=str(stats_dir),
+            **stack.env,
+        )
+        procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
+        msgs_key = f"{broker.namespace}:bench.msgs"
+        first = end = None
+        log = context.workdir / "w.log"
+        with procs.workers(processes=processes, threads=8, env=env, log=log):
+            deadline = time.monotonic() + 60 + n / 100
+            while time.monotonic() < deadline:
+                left = int(broker.client.hlen(msgs_key))
+                now = time.perf_counter()
+                if first is None and left < n:
+                    first, start_left = now, left
+                if left == 0:
+                    end = now
+                    break
+                time.sleep(0.005)
+            if end is None or first is None:
+                raise RuntimeError(f"{stack.label}: queue not drained in time")
+            if stack.done_sql:
+                end = _wait_recorded(database_url, stack.done_sql, n, deadline)
     stack.stats.extend(json.loads(p.read_text()) for p in stats_dir.glob("*.json"))
     # Jobs finished after the first one was seen, over the time they took.
     return start_left / (end - first)
 
 
-def _wait_recorded(database: Path, sql: str, n: int, deadline: float) -> float:
-    db = sqlite3.connect(database, timeout=30)
-    try:
+def _wait_recorded(database_url: str, sql: str, n: int, deadline: float) -> float:
+    with _connect(database_url) as db:
         while time.monotonic() < deadline:
             if db.execute(sql).fetchone()[0] >= n:
                 return time.perf_counter()
             time.sleep(0.02)
-    finally:
-        db.close()
     raise RuntimeError(f"the database never recorded {n} finished jobs")
+
+
+def _connect(database_url: str) -> AbstractContextManager[Any]:
+    """A connection that counts rows behind the workers' backs, closed on exit."""
+    if database_url.startswith("sqlite:///"):
+        return closing(sqlite3.connect(database_url.removeprefix("sqlite:///"), timeout=30))
+    import psycopg  # the postgres extra; only PostgreSQL drains get here
+
+    # Autocommit: each count sees every transaction committed before it.
+    return psycopg.connect(database_url, autocommit=True)
 
 
 def _ratio_row(
@@ -124,7 +159,7 @@ def _ratio_row(
 @measured("throughput", "no-op jobs drained by dramatiq worker processes (8 threads each)")
 def throughput(context: Context) -> list[Row]:
     n = 1_000 if context.quick else 20_000
-    template = procs.template_database(context.workdir)
+    databases = _sqlite_copies(context)
     names = ["raw", "ours", "ledger-off", "admin-mw", "wake-off"]
     stacks = {
         name: Stack(STACKS[name].label, STACKS[name].env, STACKS[name].done_sql) for name in names
@@ -140,7 +175,7 @@ def throughput(context: Context) -> list[Row]:
                         n=n,
                         processes=processes,
                         context=context,
-                        template=template,
+                        databases=databases,
                         run=run,
                     )
                 )
@@ -154,14 +189,55 @@ def throughput(context: Context) -> list[Row]:
             ),
             _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], 0.9),
         ]
-    for name in ("ours", "admin-mw"):
-        stats = stacks[name].stats
-        jobs = n * context.runs * (1 if context.quick else 2)
-        statements = sum(s["statements"] for s in stats) / jobs
-        writes = sum(s.get("ledger_writes", 0) for s in stats)
-        note = f"{statements:.2f} SQL/job" + (f", {jobs / writes:.0f} jobs/txn" if writes else "")
-        rows.append(Row(f"db cost: {stacks[name].label}", note))
+    jobs = n * context.runs * (1 if context.quick else 2)
+    rows += [_db_cost_row(stacks[name], jobs) for name in ("ours", "admin-mw")]
     return rows
+
+
+def _db_cost_row(stack: Stack, jobs: int) -> Row:
+    statements = sum(s["statements"] for s in stack.stats) / jobs
+    writes = sum(s.get("ledger_writes", 0) for s in stack.stats)
+    note = f"{statements:.2f} SQL/job" + (f", {jobs / writes:.0f} jobs/txn" if writes else "")
+    return Row(f"db cost: {stack.label}", note)
+
+
+@measured(
+    "throughput-pg",
+    "throughput's full stack 1x8 and 2x8 with the ledger on PostgreSQL (the bench's own"
+    " cluster, a fresh database per drain) vs raw dramatiq, measured again in this scenario",
+)
+def throughput_pg(context: Context) -> list[Row]:
+    from bench import postgres
+
+    reason = postgres.missing()
+    if reason:
+        print(f"throughput-pg: PostgreSQL rows skipped: {reason}", file=sys.stderr, flush=True)
+        return [Row("full stack (PostgreSQL)", f"skipped: {reason}")]
+    n = 1_000 if context.quick else 20_000
+    stacks = {
+        "raw": Stack(STACKS["raw"].label, STACKS["raw"].env),
+        "ours": Stack("full stack on PostgreSQL", STACKS["ours"].env, LEDGER_DONE),
+    }
+    rows: list[Row] = []
+    with postgres.cluster(context.workdir) as cluster:
+        for processes in (1,) if context.quick else (1, 2):
+            rates: dict[str, list[float]] = {name: [] for name in stacks}
+            for run in range(context.runs):
+                for name, stack in stacks.items():  # interleaved, as in throughput
+                    rate = _drain_rate(
+                        stack,
+                        n=n,
+                        processes=processes,
+                        context=context,
+                        databases=cluster.fresh_database,
+                        run=run,
+                    )
+                    rates[name].append(rate)
+            raw, ours = (statistics.median(rates[name]) for name in ("raw", "ours"))
+            label = f"full stack {processes}x8 (PostgreSQL)"
+            rows.append(_ratio_row(label, ours, "raw dramatiq", raw, 0.8))
+    jobs = n * context.runs * (1 if context.quick else 2)
+    return [*rows, _db_cost_row(stacks["ours"], jobs)]
 
 
 def _latencies(
@@ -297,13 +373,15 @@ def _flush_broker() -> None:
 )
 def middleware_cost(context: Context) -> list[Row]:
     n = 1_000 if context.quick else 20_000
-    template = procs.template_database(context.workdir)
+    databases = _sqlite_copies(context)
     timed = Stack("hook times", {**STACKS["ours"].env, "BENCH_HOOK_TIMES": "1"}, LEDGER_DONE)
     raw = Stack(STACKS["raw"].label, STACKS["raw"].env)
     rates: dict[str, list[float]] = {"timed": [], "raw": []}
     for run in range(context.runs):
         for name, stack in (("timed", timed), ("raw", raw)):
-            rate = _drain_rate(stack, n=n, processes=1, context=context, template=template, run=run)
+            rate = _drain_rate(
+                stack, n=n, processes=1, context=context, databases=databases, run=run
+            )
             rates[name].append(rate)
     jobs = n * context.runs
     spent: dict[str, float] = {}
