@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -77,10 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rows = result_rows(run(item, quick=args.quick, runs=args.runs or 5))
             results.append((item.name, rows))
-        print(table(results))
+            # Each scenario's figures as soon as it ends: a later scenario that
+            # fails (or a long run cut short) does not take them with it.
+            print(table([(item.name, rows)]), flush=True)
         return 0 if all(row.ok for _, rows in results for row in rows) else 1
     finally:
         server.stop()
+        # Databases and logs of every run: hundreds of MB after a full bench.
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":
