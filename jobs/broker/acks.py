@@ -12,10 +12,15 @@ acks of everything its transaction covered in one pipelined round trip. The
 thread takes its next message at once; the message stays in this worker's ack
 set (and counts against its prefetch) until the ack is sent, so a worker killed
 in between has the message redelivered, as with any unacked message.
+
+The consumer also hands back, when it closes, the messages it fetched into its
+ack set but never passed to a worker thread (Dramatiq's own consumer leaves
+them there; see ``LedgerOrderedConsumer.close``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -23,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import _RedisConsumer
+from dramatiq.errors import ConnectionClosed, DecodeError
 
 from jobs.ledger import writer as ledger
 
@@ -48,7 +54,8 @@ HELD_ACKS_MAX = 1000
 
 
 class LedgerOrderedConsumer(_RedisConsumer):
-    """Dramatiq's Redis consumer whose ack/nack follows the job's ledger write."""
+    """Dramatiq's Redis consumer whose ack/nack follows the job's ledger write
+    and that hands back, when closed, what it fetched and never passed on."""
 
     broker: WakeupRedisBroker
 
@@ -68,6 +75,28 @@ class LedgerOrderedConsumer(_RedisConsumer):
     def nack(self, message: dramatiq.MessageProxy) -> None:
         if not self._held(message, "nack"):
             super().nack(message)  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        # A fetch moves up to `prefetch` messages into this worker's ack set and
+        # into `message_cache`; the consumer thread passes them on one per loop
+        # and leaves the loop as soon as its worker stops. Worker.stop hands back
+        # what reached the work queue but not what is still cached, and Dramatiq
+        # drops the cache with the consumer. Those messages then wait for
+        # maintenance to find this broker id dead: heartbeat_timeout after the
+        # process exits, never while its heartbeat goes on (an in-process Worker,
+        # a consumer thread restarted after an error). Hand them back now.
+        cached, self.message_cache = self.message_cache, []
+        fetched = []
+        for data in cached:
+            # An undecodable one (or None: its payload gone) has no id to hand
+            # back; raising here would end the consumer thread.
+            with contextlib.suppress(DecodeError):
+                fetched.append(dramatiq.MessageProxy(dramatiq.Message.decode(data)))
+        try:
+            # (The wake-up consumer's requeue also wakes idle peers.)
+            self.requeue(fetched)  # type: ignore[no-untyped-call]
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)

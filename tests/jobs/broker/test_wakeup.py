@@ -56,6 +56,13 @@ def namespace() -> Iterator[str]:
         probe.client.delete(key)
 
 
+def _held(broker: WakeupRedisBroker) -> dict[str, int]:
+    """Messages fetched and not acked, per worker ack set (for failure messages)."""
+    client = broker.client
+    keys = client.scan_iter(match=f"{broker.namespace}:__acks__.*")
+    return {key.decode(): client.scard(key) for key in keys}
+
+
 def _latencies_ms(probe: Probe, count: int) -> list[float]:
     """Enqueue->start of ``count`` jobs sent one at a time to an idle worker."""
     worker = probe.worker()
@@ -166,3 +173,84 @@ def test_it_loses_and_duplicates_nothing_while_workers_come_and_go(namespace):
     counts = Counter(seen)
     assert sorted(counts) == list(range(1000))
     assert [n for n, c in counts.items() if c > 1] == []
+
+
+@pytest.mark.parametrize("instant_wakeup", [True, False])
+def test_it_hands_back_fetched_messages_it_never_passed_on_when_closed(namespace, instant_wakeup):
+    # Given a consumer that fetched three messages and passed on only the first
+    probe = Probe(namespace, instant_wakeup=instant_wakeup)
+    for number in range(3):
+        probe.actor.send(number)
+    consumer = probe.broker.consume("wake", prefetch=4, timeout=1000)
+    first = next(consumer)
+    assert first is not None
+    assert first.args == (0,)
+    # When it closes (as its worker stops, or its thread restarts)
+    consumer.close()
+    # Then the two it never passed on wait in the queue for any worker again,
+    # and this worker holds only the one it passed on (its worker requeues or acks it)
+    client = probe.broker.client
+    assert client.llen(f"{namespace}:wake") == 2
+    acks = client.smembers(f"{namespace}:__acks__.{probe.broker.broker_id}.wake")
+    assert acks == {first.options["redis_message_id"].encode()}
+
+
+class _StopWhileDelaying(dramatiq.Middleware):
+    """Stops ``worker`` while its delay-queue consumer is partway through one
+    fetch: the moment of a stop that used to strand the rest of that fetch."""
+
+    def __init__(self) -> None:
+        self.worker: dramatiq.Worker | None = None
+        self.worker_running = threading.Event()
+        self.stopper: threading.Thread | None = None
+        self.stopped_midway = False
+
+    def before_delay_message(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
+        if self.stopper is not None or not self.worker_running.wait(10):
+            return
+        assert self.worker is not None
+        consumer_thread = self.worker.consumers["wake.DQ"]
+        self.stopper = threading.Thread(target=self.worker.stop)
+        self.stopper.start()
+        # Hold this consumer thread here until the stop has reached it.
+        deadline = time.monotonic() + 10
+        while consumer_thread.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.stopped_midway = not consumer_thread.running
+
+
+def test_it_hands_back_the_delayed_jobs_a_stopping_worker_fetched(namespace):
+    # Given five delayed jobs, fetched in one go by a worker's delay-queue
+    # consumer, and that worker stopped after it passed on only the first
+    probes = [Probe(namespace) for _ in range(2)]
+    probes[1].seen = probes[0].seen
+    stop = _StopWhileDelaying()
+    probes[0].broker.add_middleware(stop)
+    for number in range(5):
+        probes[0].actor.send_with_options(args=(number,), delay=200)
+    stop.worker = probes[0].worker()
+    stop.worker.start()
+    # A worker thread stopped before its run() began would run on (run() sets
+    # `running`), and Worker.stop would wait for it: stop only once all run.
+    deadline = time.monotonic() + 10
+    while not all(thread.running for thread in stop.worker.workers):
+        assert time.monotonic() < deadline, "the worker threads never started"
+        time.sleep(0.01)
+    stop.worker_running.set()
+    while stop.stopper is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stop.stopper is not None, "the worker never fetched the delayed jobs"
+    stop.stopper.join(10)
+    assert stop.stopped_midway, "the stop did not reach the consumer midway through its fetch"
+    # When another worker takes over
+    worker = probes[1].worker()
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while len(probes[0].seen) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    # Then it runs every one of them, once, without waiting for the stopped
+    # worker's heartbeat to go stale (60 s here)
+    assert sorted(probes[0].seen) == list(range(5)), _held(probes[0].broker)
