@@ -420,20 +420,24 @@ class BatchWriter:
             self.condition.notify_all()
             return self.condition.wait_for(lambda: self.settled >= target, timeout)
 
-    def _tidy_connection(self) -> None:
-        """Keep this thread's connection between batches; drop it after an error
+    def _tidy_connection(self, *, idle: bool) -> None:
+        """Keep this thread's connection from one batch to the next while events
+        keep coming; drop it when a pass finds nothing to write, after an error,
         or once it is ``CONNECTION_MAX_AGE`` old.
 
         Not ``close_old_connections()``: SQLite's CONN_MAX_AGE is 0 (made for
         request threads), and reopening a connection per batch (with its WAL
-        pragmas) cost more than the batch's own statements.
+        pragmas) cost more than the batch's own statements. Closing when idle
+        leaves no connection open on a quiet worker (nor on a test database
+        about to be dropped).
         """
         now = time.monotonic()
         if connection.connection is None:
             return
         if connection.connection is not self.known_connection:  # opened by this batch
             self.known_connection, self.connected_at = connection.connection, now
-        if connection.errors_occurred or now - self.connected_at > CONNECTION_MAX_AGE:
+        stale = now - self.connected_at > CONNECTION_MAX_AGE
+        if idle or stale or connection.errors_occurred:
             connection.close()
 
     def _take(self) -> tuple[int, list[Event]]:
@@ -474,7 +478,7 @@ class BatchWriter:
                 if events:
                     _write_safely(events)
             finally:
-                self._tidy_connection()
+                self._tidy_connection(idle=not events)
                 with self.condition:
                     self.written = max(self.written, last)
                     self.condition.notify_all()
