@@ -27,6 +27,13 @@ and a replica now confirms it; while the primary alone holds the marker it only
 looks again later. Only a primary without the marker (a failover promoted a
 replica that never got the message, or the first publish never reached Redis)
 gets the message again.
+
+A request does not wait for a replica the primary does not have: with fewer
+replicas online than asked for, or for a few seconds after a WAIT timed out,
+the commit publishes without waiting and leaves the confirmation to the relay.
+Why not mark such a row sent instead: a replica cut off from the primary (not
+dead) is not counted online, yet Sentinel may still promote it, without the
+message; the row then still stands, and the relay sends the message again.
 """
 
 from __future__ import annotations

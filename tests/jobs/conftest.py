@@ -11,7 +11,7 @@ import dramatiq
 import pytest
 from django.conf import settings
 
-from jobs.broker import redis_broker
+from jobs.broker import redis_broker, replication
 from jobs.middleware.dedup import Dedup
 from tests.ha.cluster import Process, data_server
 
@@ -40,7 +40,8 @@ def subprocess_env(test_database_url: str) -> dict[str, str]:
 def start_replica(tmp_path: Path) -> Iterator[Callable[[], Process]]:
     """Start a real replica of the session's Redis; it is gone after the test.
 
-    Returns once it acknowledges the primary's writes.
+    Returns once it acknowledges the primary's writes and the broker's replica
+    gauge (``jobs.broker.replication``) counts it.
     """
     primary = urlsplit(settings.REDIS_URL)
     if primary.hostname not in ("127.0.0.1", "localhost") or primary.password:
@@ -55,12 +56,16 @@ def start_replica(tmp_path: Path) -> Iterator[Callable[[], Process]]:
         replica = data_server("replica", directory, replica_of=primary.port)
         started.append(replica)
         wait_until_replicated()
+        wait_for_gauge(1)
         return replica
 
     yield start
     for replica in started:
         replica.process.send_signal(signal.SIGCONT)  # a test may have frozen it
         replica.kill()
+    if started:
+        # The gauge may count a replica for a second after it died: not into the next test.
+        wait_for_gauge(0)
 
 
 def wait_until_replicated(timeout: float = 10.0) -> None:
@@ -81,3 +86,13 @@ def wait_until_replicated(timeout: float = 10.0) -> None:
             return
         if time.monotonic() > deadline:
             raise TimeoutError("the replica never acknowledged a write")
+
+
+def wait_for_gauge(online: int, timeout: float = 10.0) -> None:
+    """Until the broker's replica gauge counts ``online`` replicas (it asks once a second)."""
+    gauge = replication.gauge_for(redis_broker().client)
+    deadline = time.monotonic() + timeout
+    while not gauge.can_confirm(online) or gauge.can_confirm(online + 1):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the replica gauge never counted {online} replicas online")
+        time.sleep(0.05)

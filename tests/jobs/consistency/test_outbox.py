@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,9 +48,11 @@ def waiting_ids(queue_name: str) -> list[bytes]:
     return list(broker.client.lrange(f"{broker.namespace}:{queue_name}", 0, -1))
 
 
-def commit(label: str) -> None:
+def commit_seconds(label: str) -> float:
+    started = time.perf_counter()
     with transaction.atomic():
         send_on_commit(demo_pipeline, label)
+    return time.perf_counter() - started
 
 
 def wait_for_one_replica(settings: Any) -> None:
@@ -277,6 +281,52 @@ def test_it_settles_the_row_once_a_replica_holds_the_message(
     assert not broker.client.exists(f"{outbox.MARKER_PREFIX}{row.message_id}")
 
 
+def test_a_commit_does_not_wait_for_a_replica_the_primary_does_not_have(settings) -> None:
+    # Given the shipped WAIT timeout (500 ms) and a primary with no replica
+    settings.JOBS_OUTBOX_WAIT_REPLICAS = 1
+    settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS = 500
+    assert redis_broker().client.info("replication")["connected_slaves"] == 0
+
+    # When requests commit rows that publish through the outbox
+    took = [commit_seconds(f"fast{n}") for n in range(5)]
+
+    # Then none waits for the timeout; the rows stay for the relay to confirm
+    assert max(took) < 0.25, took
+    assert OutboxMessage.objects.filter(sent_at__isnull=True).count() == 5
+
+
+def test_a_commit_waits_for_a_replica_that_keeps_up(
+    settings, start_replica: Callable[[], Process]
+) -> None:
+    # Given a primary with a replica online
+    wait_for_one_replica(settings)
+    start_replica()
+
+    # When a request commits a row that publishes through the outbox
+    commit_seconds("confirmed")
+
+    # Then the replica confirmed it in the same round trip: the row is sent
+    assert OutboxMessage.objects.get().sent_at is not None
+
+
+def test_a_commit_stops_waiting_for_a_replica_that_hangs(
+    settings, start_replica: Callable[[], Process]
+) -> None:
+    # Given a replica that the primary lists online, but that hangs
+    settings.JOBS_OUTBOX_WAIT_REPLICAS = 1
+    settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS = 300
+    replica = start_replica()
+    replica.process.send_signal(signal.SIGSTOP)
+
+    # When requests commit rows that publish through the outbox
+    took = [commit_seconds(f"hung{n}") for n in range(5)]
+
+    # Then the first one waits the timeout, the next ones do not wait again
+    assert took[0] >= 0.3, took
+    assert max(took[1:]) < 0.15, took
+    assert OutboxMessage.objects.filter(sent_at__isnull=True).count() == 5
+
+
 def test_the_default_without_sentinel_adds_no_command_to_a_publish(settings) -> None:
     # Given the single-Redis default: no replica to wait for
     assert settings.JOBS_OUTBOX_WAIT_REPLICAS == 0
@@ -284,7 +334,7 @@ def test_the_default_without_sentinel_adds_no_command_to_a_publish(settings) -> 
     client.config_resetstat()
 
     # When a request commits a row that publishes through the outbox
-    commit("plain")
+    commit_seconds("plain")
 
     # Then the publish neither asked about replicas, waited, nor wrote a marker
     commands = client.info("commandstats")
