@@ -13,6 +13,7 @@ has come back as a replica), redis-py drops it and asks the Sentinels again
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,20 +22,58 @@ from django.core.exceptions import ImproperlyConfigured
 # The name ends up as the host part of django-redis's LOCATION URL, which
 # urllib lowercases; other characters would not survive the URL either.
 _MASTER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+# A DNS name or IPv4 address; [IPv6]:port is matched on its own.
+_HOST_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+_BRACKETED_RE = re.compile(r"\[([^\[\]]*)\]:(.*)")
+# ASCII digits only: str.isdigit() takes "٢٦٣٧٩" too, which int() reads as 26379.
+_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 
 def parse_sentinels(name: str, value: str) -> list[tuple[str, int]]:
-    """``"10.0.0.1:26379,10.0.0.2:26379"`` as ``[(host, port), ...]``."""
-    sentinels = []
-    for item in value.split(","):
-        host, sep, port = item.strip().rpartition(":")
-        host = host.strip("[]")  # [::1]:26379
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    """``"10.0.0.1:26379,redis-b:26379,[fd00::1]:26379"`` as ``[(host, port), ...]``.
+
+    An IPv6 address goes in brackets: without them ``::1`` or ``fd00::1:26379``
+    has no telling where the address ends and the port begins.
+    """
+    return [_parse_sentinel(name, item.strip()) for item in value.split(",")]
+
+
+def _parse_sentinel(name: str, item: str) -> tuple[str, int]:
+    if not item:
+        raise ImproperlyConfigured(f"{name} has an empty entry: a stray comma?")
+    if item.startswith("["):
+        bracketed = _BRACKETED_RE.fullmatch(item)
+        if not bracketed:
             raise ImproperlyConfigured(
-                f"{name} must be comma-separated host:port pairs, got {value!r}"
+                f"{name}: {item!r} is not [IPv6 address]:port, e.g. [::1]:26379"
             )
-        sentinels.append((host, int(port)))
-    return sentinels
+        host, port = bracketed.groups()
+        if not _is_ipv6(host):
+            raise ImproperlyConfigured(f"{name}: {item!r} has no IPv6 address in its brackets")
+    elif item.count(":") > 1:
+        raise ImproperlyConfigured(
+            f"{name}: {item!r} looks like an IPv6 address without brackets; write it "
+            "as [address]:port, e.g. [::1]:26379"
+        )
+    else:
+        host, colon, port = item.partition(":")
+        if not colon:
+            raise ImproperlyConfigured(f"{name}: {item!r} has no port; write host:port")
+        if not _HOST_RE.fullmatch(host):
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} needs a host name or IPv4 address before the port"
+            )
+    if not _PORT_RE.fullmatch(port) or not 0 < int(port) < 65536:
+        raise ImproperlyConfigured(f"{name}: {item!r} needs a port from 1 to 65535")
+    return host, int(port)
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_master(name: str, value: str) -> str:

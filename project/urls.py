@@ -15,3 +15,6 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
 ]
+
+# A database lost while a middleware runs (e.g. saving the session) is a 503 too.
+handler500 = "jobs.observability.unavailable.server_error"

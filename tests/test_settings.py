@@ -47,6 +47,7 @@ def start_django(**env: str) -> subprocess.CompletedProcess[str]:
         ("REDIS_SENTINELS", "10.0.0.1"),
         ("REDIS_SENTINELS", "10.0.0.1:26379,:26379"),
         ("REDIS_SENTINELS", "10.0.0.1:port"),
+        ("REDIS_SENTINELS", "::1"),
         ("REDIS_SENTINEL_MASTER", "My Master"),
     ],
 )
@@ -85,11 +86,38 @@ def test_it_refuses_half_of_the_sentinel_pair(name: str) -> None:
 
 
 def test_it_parses_sentinel_addresses() -> None:
-    assert parse_sentinels("S", "10.0.0.1:26379, redis-b:26380,[::1]:26381") == [
+    assert parse_sentinels("S", "10.0.0.1:26379, redis-b:26380,[::1]:26381,[fe80::1%eth0]:1") == [
         ("10.0.0.1", 26379),
         ("redis-b", 26380),
         ("::1", 26381),
+        ("fe80::1%eth0", 1),
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        # Bare IPv6: "::1" once read as host ":" port 1, "fe80::1" as host "fe80:".
+        ("::1", "IPv6 address without brackets"),
+        ("fe80::1", "IPv6 address without brackets"),
+        ("fd00::1:26379", "IPv6 address without brackets"),
+        ("[::1]", r"not \[IPv6 address\]:port"),
+        ("[redis-a]:26379", "no IPv6 address in its brackets"),
+        ("redis-a", "no port"),
+        ("my host:26379", "host name or IPv4 address"),
+        (":26379", "host name or IPv4 address"),
+        ("redis-a:\u0662\u0666\u0663\u0667\u0669", "port from 1 to 65535"),  # Arabic-Indic digits
+        ("redis-a:0", "port from 1 to 65535"),
+        ("redis-a:26379,", "empty entry"),
+    ],
+)
+def test_it_refuses_an_ambiguous_or_incomplete_sentinel_address(value: str, reason: str) -> None:
+    # Given a REDIS_SENTINELS value a person could mean two ways, or that lacks a part
+    # When it is parsed
+    # Then start-up stops with a message that names the variable and the problem
+    with pytest.raises(ImproperlyConfigured, match=reason) as refused:
+        parse_sentinels("REDIS_SENTINELS", value)
+    assert str(refused.value).startswith("REDIS_SENTINELS")
 
 
 def test_it_keeps_the_cache_urls_password_and_db_under_sentinel() -> None:

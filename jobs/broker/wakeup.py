@@ -23,9 +23,7 @@ ledger write either way (``jobs.broker.acks``).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import dramatiq
@@ -34,6 +32,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
+from jobs.broker import replication
 from jobs.broker.acks import HeldAcks, LedgerOrderedConsumer
 from jobs.broker.sentinel import master_client
 
@@ -46,30 +45,6 @@ WAKE_LIST_TTL_MS = 60_000
 
 def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
-
-
-class ReplicationNotConfirmed(redis.RedisError):
-    """The primary took the message, but too few replicas confirmed it in time.
-
-    A failover now could lose it (Redis replicates asynchronously), so a caller
-    that must not lose it (the outbox) keeps it to send again.
-    """
-
-
-# (replicas, timeout_ms) while inside confirmed_by_replicas(); a context variable
-# so one thread's outbox publish never makes another thread's enqueue wait.
-_replica_ack: ContextVar[tuple[int, int] | None] = ContextVar("replica_ack", default=None)
-
-
-@contextlib.contextmanager
-def confirmed_by_replicas(replicas: int, timeout_ms: int) -> Iterator[None]:
-    """Enqueues inside return only once ``replicas`` replicas hold the message
-    (``WAIT``), else raise ``ReplicationNotConfirmed``. ``replicas=0`` does nothing."""
-    token = _replica_ack.set((replicas, timeout_ms) if replicas > 0 else None)
-    try:
-        yield
-    finally:
-        _replica_ack.reset(token)
 
 
 class WakeupRedisBroker(HeldAcks, RedisBroker):
@@ -100,40 +75,36 @@ class WakeupRedisBroker(HeldAcks, RedisBroker):
         return _WakeupConsumer if self.instant_wakeup else LedgerOrderedConsumer
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
-        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip."""
-        replica_ack = _replica_ack.get()
-        if not self.instant_wakeup and replica_ack is None:
+        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip
+        (with the marker and WAIT of ``jobs.broker.replication`` when asked for)."""
+        ack = replication.current_ack()
+        if not self.instant_wakeup and ack is None:
             return self._dispatch("enqueue")(queue_name, redis_message_id, data)  # type: ignore[no-untyped-call]
         args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
         try:
-            replies = self._enqueue_pipeline(queue_name, args, replica_ack)
+            replies, waited = self._enqueue_pipeline(queue_name, args, ack)
         except redis.exceptions.NoScriptError:
             # Redis restarted (or a failover promoted a replica that never ran the
             # script) and lost its script cache: load it and send again. The first
             # try's token at worst wakes a consumer early.
             self.client.script_load(self.scripts["dispatch"].script)
-            replies = self._enqueue_pipeline(queue_name, args, replica_ack)
-        if replica_ack is not None and int(replies[-1]) < replica_ack[0]:
-            raise ReplicationNotConfirmed(
-                f"{replies[-1]} of {replica_ack[0]} replicas confirmed within {replica_ack[1]} ms"
-            )
+            replies, waited = self._enqueue_pipeline(queue_name, args, ack)
+        if ack is not None:
+            replication.check_ack(self.client, ack, waited, replies)
         return replies[0]
 
     def _enqueue_pipeline(
-        self, queue_name: str, args: list[Any], replica_ack: tuple[int, int] | None
-    ) -> list[Any]:
+        self, queue_name: str, args: list[Any], ack: replication.ReplicaAck | None
+    ) -> tuple[list[Any], bool]:
         pipe = self.client.pipeline(transaction=False)
         # EVALSHA directly: redis-py's pipelined Script objects cost an extra
         # SCRIPT EXISTS round trip on every execute.
         pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
         if self.instant_wakeup:
             self._push_tokens(pipe, queue_name, 1)
-        if replica_ack is not None:
-            # WAIT counts the replicas holding this connection's writes, so it
-            # must ride in the same pipeline (one connection) as the enqueue.
-            pipe.execute_command("WAIT", *replica_ack)
+        waited = ack is not None and replication.add_ack(pipe, self.client, ack)
         replies: list[Any] = pipe.execute()
-        return replies
+        return replies, waited
 
     def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
         # The argument layout of dispatch.lua, as RedisBroker._dispatch builds it.

@@ -19,13 +19,26 @@ Redis replicates asynchronously: a primary that dies right after taking a
 message may not have passed it to its replica, and Sentinel then promotes a
 replica without it. With ``JOBS_OUTBOX_WAIT_REPLICAS`` (1 by default under
 Sentinel) a row is marked sent only once that many replicas confirmed the
-message (``WAIT``, in the enqueue's own round trip); otherwise it stays
-pending for the relay, which first asks the ledger whether the job already
-started (then it was not lost, and is not sent again).
+message (``WAIT``, in the enqueue's own round trip, with a marker written right
+after the message: ``jobs.broker.replication``); otherwise it stays pending.
+The relay never sends such a message twice. It settles the row when the ledger
+saw the job start (it was not lost), or when the primary still holds the marker
+and a replica now confirms it; while the primary alone holds the marker it only
+looks again later. Only a primary without the marker (a failover promoted a
+replica that never got the message, or the first publish never reached Redis)
+gets the message again.
+
+A request does not wait for a replica the primary does not have: with fewer
+replicas online than asked for, or for a few seconds after a WAIT timed out,
+the commit publishes without waiting and leaves the confirmation to the relay.
+Why not mark such a row sent instead: a replica cut off from the primary (not
+dead) is not counted online, yet Sentinel may still promote it, without the
+message; the row then still stands, and the relay sends the message again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -33,14 +46,15 @@ from datetime import timedelta
 from typing import Any
 
 import dramatiq
+import redis
 from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from dramatiq.brokers.redis import RedisBroker
 
-from jobs.broker import redis_broker
+from jobs.broker import redis_broker, replication
 from jobs.broker.limits import check_size
-from jobs.broker.wakeup import confirmed_by_replicas
 from jobs.ledger.storable import unstorable
 from jobs.models import Job, OutboxMessage
 from jobs.observability import logcontext
@@ -49,6 +63,11 @@ logger = logging.getLogger(__name__)
 CLAIM = timedelta(seconds=30)
 BATCH = 200
 _ETA = "outbox_eta"
+# Written with each message the outbox sends while it waits for replicas
+# (jobs.broker.replication): "this primary took it". Lasts the message's delay
+# plus this, renewed at each relay visit, deleted once the row is settled.
+MARKER_PREFIX = "jobs:outbox:held:"
+MARKER_KEEP_MS = 24 * 3600 * 1000
 
 
 class PayloadNotStorable(ValueError):
@@ -106,45 +125,71 @@ def _backoff(attempts: int) -> timedelta:
 
 
 def publish(row_ids: list[int]) -> int:
-    """Publish the given rows (those still pending and unclaimed); return how many."""
+    """Publish the given rows (those still pending and unclaimed); return how many
+    are settled: sent and confirmed, or known to have reached a worker."""
     sent = 0
     broker = redis_broker()
     for row_id in row_ids:
         row = _claim(row_id)
         if row is None:
             continue
-        if row.attempts > 1 and _ledger_saw_it_start(row.message_id):
-            # An earlier publish reached a worker but was not confirmed by a
-            # replica in time: it survived, sending it again would only duplicate it.
-            OutboxMessage.objects.filter(pk=row.pk).update(
-                sent_at=timezone.now(), claimed_until=None
-            )
-            continue
         try:
-            options = dict(row.payload.get("options", {}))
-            eta, now = options.pop(_ETA, None), time.time() * 1000
-            delay = None if eta is None or eta <= now else int(eta - now)
-            with confirmed_by_replicas(
-                settings.JOBS_OUTBOX_WAIT_REPLICAS, settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
-            ):
-                broker.enqueue(dramatiq.Message(**{**row.payload, "options": options}), delay=delay)
+            _publish_row(broker, row)
         except Exception as exc:
-            retry_at = timezone.now() + _backoff(row.attempts)
-            OutboxMessage.objects.filter(pk=row.pk).update(
-                claimed_until=retry_at, last_error=f"{type(exc).__name__}: {exc}"[:2000]
-            )
-            logger.warning(
-                "Outbox: could not publish %s %s (attempt %d), retrying at %s: %s",
-                row.actor_name,
-                row.message_id,
-                row.attempts,
-                retry_at.isoformat(),
-                exc,
-            )
+            _retry_later(row, exc)
             continue
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now(), claimed_until=None)
         sent += 1
+        if row.attempts > 1:
+            # Settled: nothing asks for its marker again (it would expire anyway).
+            with contextlib.suppress(redis.RedisError):
+                broker.client.delete(_marker(row.message_id))
     return sent
+
+
+def _publish_row(broker: RedisBroker, row: OutboxMessage) -> None:
+    """Send the row's message unless Redis holds it already; raise unless confirmed."""
+    replicas = settings.JOBS_OUTBOX_WAIT_REPLICAS
+    timeout_ms = settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
+    options = dict(row.payload.get("options", {}))
+    eta, now = options.pop(_ETA, None), time.time() * 1000
+    delay = None if eta is None or eta <= now else int(eta - now)
+    # The marker must outlast the message's delay and the relay's visits.
+    keep_ms = (delay or 0) + MARKER_KEEP_MS
+    if row.attempts > 1:
+        if _ledger_saw_it_start(row.message_id):
+            return  # an earlier publish reached a worker: it survived
+        marker = _marker(row.message_id)
+        if replication.confirm_held(
+            broker.client, marker, replicas=replicas, timeout_ms=timeout_ms, keep_ms=keep_ms
+        ):
+            return  # the primary still holds the earlier publish: never a second copy
+        # Never reached Redis, or a failover promoted a replica without it: send.
+    with replication.confirmed_by_replicas(
+        replicas, timeout_ms, marker=_marker(row.message_id), keep_ms=keep_ms
+    ):
+        broker.enqueue(dramatiq.Message(**{**row.payload, "options": options}), delay=delay)
+
+
+def _retry_later(row: OutboxMessage, exc: Exception) -> None:
+    retry_at = timezone.now() + _backoff(row.attempts)
+    OutboxMessage.objects.filter(pk=row.pk).update(
+        claimed_until=retry_at, last_error=f"{type(exc).__name__}: {exc}"[:2000]
+    )
+    # Published but not yet on a replica: the replica gauge warns once, not per row.
+    unconfirmed = isinstance(exc, replication.ReplicationNotConfirmed)
+    (logger.debug if unconfirmed else logger.warning)(
+        "Outbox: %s %s (attempt %d) not settled, looking again at %s: %s",
+        row.actor_name,
+        row.message_id,
+        row.attempts,
+        retry_at.isoformat(),
+        exc,
+    )
+
+
+def _marker(message_id: str) -> str:
+    return f"{MARKER_PREFIX}{message_id}"
 
 
 def _ledger_saw_it_start(message_id: str) -> bool:

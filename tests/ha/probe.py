@@ -3,6 +3,8 @@
     python -m tests.ha.probe once           # one round; prints {"ok": true, ...}
     python -m tests.ha.probe loop SECONDS   # a round every 50 ms; one JSON line each
     python -m tests.ha.probe wait-cost N    # enqueue latency with and without WAIT 1
+    python -m tests.ha.probe outbox-send    # commit one outbox row; prints its state
+    python -m tests.ha.probe outbox-relay ID  # one relay pass over row ID; prints its state
 
 Run with ``DJANGO_SETTINGS_MODULE=tests.worker_settings`` and the Sentinel
 variables: every round uses the same long-lived client objects (the broker's,
@@ -58,7 +60,8 @@ def loop(seconds: float) -> None:
 
 def wait_cost(count: int) -> None:
     from jobs.broker import redis_broker
-    from jobs.broker.wakeup import WakeupRedisBroker, confirmed_by_replicas
+    from jobs.broker.replication import confirmed_by_replicas
+    from jobs.broker.wakeup import WakeupRedisBroker
 
     broker = redis_broker()
     assert isinstance(broker, WakeupRedisBroker)
@@ -80,6 +83,39 @@ def wait_cost(count: int) -> None:
     print(json.dumps(result), flush=True)
 
 
+def outbox_state(row_id: int) -> dict[str, Any]:
+    from jobs.models import OutboxMessage
+
+    row = OutboxMessage.objects.get(pk=row_id)
+    return {
+        "id": row.pk,
+        "message_id": row.message_id,
+        "sent": row.sent_at is not None,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+    }
+
+
+def outbox_send() -> None:
+    from django.db import transaction
+
+    from jobs.consistency.outbox import send_on_commit
+    from tests.examples.tasks import demo_pipeline
+
+    with transaction.atomic():
+        row = send_on_commit(demo_pipeline, "failover")
+    print(json.dumps(outbox_state(row.pk)), flush=True)
+
+
+def outbox_relay(row_id: int) -> None:
+    from jobs.consistency.outbox import publish
+    from jobs.models import OutboxMessage
+
+    OutboxMessage.objects.filter(pk=row_id).update(claimed_until=None)  # skip the backoff
+    publish([row_id])
+    print(json.dumps(outbox_state(row_id)), flush=True)
+
+
 def main(argv: list[str]) -> None:
     import django
 
@@ -91,6 +127,10 @@ def main(argv: list[str]) -> None:
         loop(float(argv[1]))
     elif argv[0] == "wait-cost":
         wait_cost(int(argv[1]))
+    elif argv[0] == "outbox-send":
+        outbox_send()
+    elif argv[0] == "outbox-relay":
+        outbox_relay(int(argv[1]))
     else:
         raise SystemExit(f"unknown mode {argv[0]!r}")
 

@@ -8,6 +8,7 @@ would fail. The primary is SIGKILLed; figures are printed (run with -s).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dramatiq import Message
 
 from jobs.ledger import states
 from jobs.models import Job
@@ -114,6 +116,52 @@ def test_it_measures_what_waiting_for_a_replica_costs_an_enqueue(
     # Then WAIT costs a replication round trip, not a timeout
     print(f"\nenqueue without / with WAIT 1: {cost['wait0']} / {cost['wait1']}")
     assert cost["wait1"]["p50_ms"] < 50, "WAIT 1 timed out: the replica never acknowledged"
+
+
+def test_it_sends_an_outbox_message_again_when_a_failover_lost_it(
+    sentinel_cluster: SentinelCluster, worker_env: dict[str, str]
+) -> None:
+    # Given a replica far behind its primary: it hangs, and 48 MB of writes wait
+    # for it, more than the sockets between them hold, so whatever the primary
+    # takes next stays in the primary's memory
+    cluster = sentinel_cluster
+    old_primary = cluster.client(cluster.primary.port)
+    new_primary = cluster.client(cluster.replica.port)
+    cluster.replica.process.send_signal(signal.SIGSTOP)
+    try:
+        old_primary.set("backlog", b"x" * BACKLOG_BYTES)
+        # When an app process commits an outbox row through Sentinel (no replica
+        # confirms its message: the row stays pending) and the primary dies
+        row = run_probe(cluster, worker_env, "outbox-send")
+        assert not row["sent"], row
+        assert old_primary.hlen(QUEUE_MSGS) == 1
+        cluster.kill_primary()
+    finally:
+        cluster.replica.process.send_signal(signal.SIGCONT)
+    # and Sentinel promotes the replica, which never got the message
+    cluster.wait_until_sentinels_agree(cluster.replica.port, timeout=60)
+    assert new_primary.hlen(QUEUE_MSGS) == 0, "the failover kept the message: no loss shown"
+
+    # Then the relay sends it again to the new primary, once, however often it comes back
+    for _ in range(3):
+        row = run_probe(cluster, worker_env, "outbox-relay", str(row["id"]))
+    held = [Message.decode(raw).message_id for raw in new_primary.hvals(QUEUE_MSGS)]
+    assert held == [row["message_id"]], row
+    assert new_primary.llen("dramatiq:default") == 1
+    assert not row["sent"], "no replica holds it yet: the row must stay pending"
+
+
+QUEUE_MSGS = "dramatiq:default.msgs"
+# Loopback sockets buffer up to 4 MB sent + what the frozen reader's window had grown to.
+BACKLOG_BYTES = 48 * 1024 * 1024
+
+
+def run_probe(cluster: SentinelCluster, env: dict[str, str], *args: str) -> dict[str, Any]:
+    process = probe(cluster, env, *args)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err[-3000:]
+    reply: dict[str, Any] = json.loads(out.splitlines()[-1])
+    return reply
 
 
 SIGNUP_SECONDS = 20
