@@ -49,6 +49,7 @@ from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
 from jobs.ledger.upsert import insert_references, upsert
 from jobs.observability import metrics
+from jobs.observability.unavailable import is_outage
 
 logger = logging.getLogger(__name__)
 
@@ -247,6 +248,14 @@ def write(events: list[Event]) -> None:
 # simply run again: deadlock_detected, serialization_failure, lock_not_available
 # (lock_timeout).
 _TRANSIENT_SQLSTATES = frozenset({"40P01", "40001", "55P03"})
+# Seconds between tries while the database is unreachable (doubling up to the max).
+OUTAGE_WAITS = (0.5, 5.0)
+
+
+class DatabaseUnreachable(Exception):
+    """The database could not be reached: a batch kept for later, not given up."""
+
+
 # The writer thread reconnects this often, so a database moved behind a proxy or
 # DNS name is followed (errors reconnect at once).
 CONNECTION_MAX_AGE = 60.0
@@ -289,7 +298,7 @@ def _lost(jobs: int, message: str, *args: object, exc_info: bool = True) -> None
     logger.error(message, *args, exc_info=exc_info)
 
 
-def _write_safely(events: list[Event]) -> None:
+def _write_safely(events: list[Event], *, outage_raises: bool = False) -> None:
     """Write ``events``; if the batch cannot be written, each job's events on their own.
 
     One job's bad event (a value the database refuses) must not lose the other
@@ -300,7 +309,9 @@ def _write_safely(events: list[Event]) -> None:
     try:
         _write_retrying(events)
         return
-    except Exception:
+    except Exception as exc:
+        if outage_raises and is_outage(exc):
+            raise DatabaseUnreachable(str(exc)) from exc
         by_job: dict[str, list[Event]] = {}
         for event in events:
             by_job.setdefault(event.message_id, []).append(event)
@@ -439,14 +450,25 @@ class BatchWriter:
         stale = now - self.connected_at > CONNECTION_MAX_AGE
         if idle or stale or connection.errors_occurred:
             connection.close()
+        else:
+            # The next batch checks the kept connection first (CONN_HEALTH_CHECKS),
+            # as Django does for a connection kept between requests: a server
+            # that closed it meanwhile (restart, idle timeout) costs a reconnect,
+            # not a failed batch.
+            connection.health_check_done = False  # type: ignore[attr-defined]
 
-    def _take(self) -> tuple[int, list[Event]]:
+    def _take(self) -> list[tuple[int, Event]]:
         with self.condition:
             self.condition.wait_for(lambda: self.urgent, self.interval)
             self.urgent = False
             taken = list(self.buffer)
             self.buffer.clear()
-        return (taken[-1][0] if taken else 0), [event for _, event in taken]
+        return taken
+
+    def _put_back(self, taken: list[tuple[int, Event]]) -> None:
+        """Return a batch the database could not take to the front of the buffer."""
+        with self.condition:
+            self.buffer.extendleft(reversed(taken))
 
     def _release(self) -> None:
         """Run the held steps whose events are written; keep those that failed."""
@@ -467,23 +489,44 @@ class BatchWriter:
             retry += [(0, runner, item) for item in failed]
         with self.condition:
             self.held += retry
-            self.settled = max(self.settled, written)
+            if not retry:
+                # Settled once its acks are sent: a worker stopping meanwhile
+                # (flush) keeps waiting for Redis rather than exit with them.
+                self.settled = max(self.settled, written)
             self.condition.notify_all()
 
     def _run(self) -> None:
+        outage_wait = OUTAGE_WAITS[0]
         while True:
-            last, events = self._take()
+            taken = self._take()
             started = time.perf_counter()
             try:
-                if events:
-                    _write_safely(events)
+                if taken:
+                    _write_safely([event for _, event in taken], outage_raises=True)
+            except DatabaseUnreachable as exc:
+                # Nothing of the batch is written, so nothing of it is acked: the
+                # batch goes back to be written first once the database answers,
+                # and its acks wait (past HELD_ACKS_MAX the worker takes no more
+                # work). A worker killed meanwhile has its messages redelivered.
+                self._put_back(taken)
+                connection.close()
+                logger.warning(
+                    "Job ledger: database unreachable, %d event(s) kept; next try in %.1f s: %s",
+                    len(taken),
+                    outage_wait,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                )
+                time.sleep(outage_wait)
+                outage_wait = min(outage_wait * 2, OUTAGE_WAITS[1])
+                continue
             finally:
-                self._tidy_connection(idle=not events)
-                with self.condition:
-                    self.written = max(self.written, last)
-                    self.condition.notify_all()
-                self._release()
                 stats.write_seconds += time.perf_counter() - started
+            outage_wait = OUTAGE_WAITS[0]
+            self._tidy_connection(idle=not taken)
+            with self.condition:
+                self.written = max(self.written, taken[-1][0] if taken else 0)
+                self.condition.notify_all()
+            self._release()
 
 
 _writer: BatchWriter | None = None

@@ -8,6 +8,7 @@ re-enqueued it for a retry or, after a deferral, as the same attempt.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -41,6 +42,9 @@ from jobs.ledger.writer import (
 )
 
 HOST = socket.gethostname()
+# Seconds a stopping worker waits for its last ledger batch and held acks.
+SHUTDOWN_FLUSH_WAIT = 60.0
+logger = logging.getLogger(__name__)
 MAX_TEXT = 10_000
 # dedup_key: cancelling a send_unique() job from the admin frees its key.
 _OPTION_KEYS = (
@@ -313,4 +317,12 @@ class Ledger(dramatiq.Middleware):
         )
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        ledger.flush()
+        # The held acks go with the last batch: a stop that gave up sooner would
+        # have every job that ended run again elsewhere. Past this, the stop goes
+        # on and they are redelivered (at-least-once, as after a crash).
+        if not ledger.flush(SHUTDOWN_FLUSH_WAIT):
+            logger.warning(
+                "Job ledger not written within %.0f s of the stop; the jobs that ended "
+                "last will be redelivered",
+                SHUTDOWN_FLUSH_WAIT,
+            )

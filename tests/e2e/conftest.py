@@ -32,6 +32,7 @@ class WorkerProcess:
         threads: int = 2,
         queues: tuple[str, ...] = (),
         command: tuple[str, ...] = ("manage.py", "rundramatiq"),
+        shutdown_timeout_ms: int = 5000,
     ) -> None:
         self.log_path = log_path
         log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -44,7 +45,7 @@ class WorkerProcess:
                 "--threads",
                 str(threads),
                 "--worker-shutdown-timeout",
-                "5000",
+                str(shutdown_timeout_ms),
                 *(["--queues", *queues] if queues else []),
             ],
             cwd=ROOT,

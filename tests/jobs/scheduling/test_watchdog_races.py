@@ -42,9 +42,9 @@ class Gate:
         self.opened = threading.Event()
         self._write = ledger._write_safely
 
-    def write(self, events: list[ledger.Event]) -> None:
+    def write(self, events: list[ledger.Event], **options: Any) -> None:
         self.opened.wait(30)
-        self._write(events)
+        self._write(events, **options)
 
 
 @pytest.fixture

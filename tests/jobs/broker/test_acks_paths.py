@@ -1,0 +1,162 @@
+"""The nack (dead letter) and deferral paths keep "durable before ack";
+two in-process Workers share one BatchWriter and a stop of one sends every held
+ack; JOBS_LEDGER_FLUSH_MS=0 and JOBS_LEDGER_ENABLED=0 leave no ticket or held id.
+
+Run: bin/test tests/jobs/broker/test_acks_paths.py   (also with --postgres)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import dramatiq
+import pytest
+
+from jobs.broker.acks import LedgerOrderedConsumer
+from jobs.errors import Deferred
+from jobs.ledger import writer as ledger
+from jobs.models import Job
+from tests.conftest import join
+from tests.jobs.broker.test_acks import ledger_writes_blocked
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE_A, QUEUE_B = "held-a", "held-b"
+for _queue in (QUEUE_A, QUEUE_B):
+    dramatiq.get_broker().declare_queue(_queue)
+deferred_once: set[str] = set()
+
+
+def held_ids_of(thread: Any) -> set[str]:
+    consumer = thread.consumer
+    assert isinstance(consumer, LedgerOrderedConsumer)
+    return consumer.held_ids
+
+
+def queued_ids_of(thread: Any) -> set[str]:
+    consumer = thread.consumer
+    assert isinstance(consumer, LedgerOrderedConsumer)
+    return set(consumer.queued_message_ids)
+
+
+@dramatiq.actor(queue_name=QUEUE_A, max_retries=0)
+def fails(n: int) -> None:
+    raise ValueError(f"boom {n}")
+
+
+@dramatiq.actor(queue_name=QUEUE_A, max_retries=0)
+def defers_once(key: str) -> None:
+    if key not in deferred_once:
+        deferred_once.add(key)
+        raise Deferred("not yet", delay=300)
+
+
+@dramatiq.actor(queue_name=QUEUE_A, max_retries=0)
+def quick_a(n: int) -> None:
+    pass
+
+
+@dramatiq.actor(queue_name=QUEUE_B, max_retries=0)
+def quick_b(n: int) -> None:
+    pass
+
+
+def hlen(broker, name: str) -> int:
+    return int(broker.client.hlen(f"{broker.namespace}:{name}"))
+
+
+def wait_until(predicate, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("not reached")
+
+
+def test_a_failed_job_is_dead_lettered_only_after_its_failure_is_written(broker, settings):
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    messages = [fails.send(n) for n in range(4)]
+    try:
+        with ledger_writes_blocked():
+            worker.start()
+            time.sleep(2)
+            # the failures are not written: no message dead-lettered yet
+            assert hlen(broker, f"{QUEUE_A}.XQ.msgs") == 0
+            assert hlen(broker, f"{QUEUE_A}.msgs") == 4
+        wait_until(lambda: hlen(broker, f"{QUEUE_A}.XQ.msgs") == 4)
+    finally:
+        worker.stop()
+    ids = [m.message_id for m in messages]
+    assert Job.objects.filter(message_id__in=ids, state="failed").count() == 4
+
+
+def test_a_deferral_is_acked_only_after_it_is_written(broker, settings):
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    deferred_once.clear()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    message = defers_once.send("k")
+    try:
+        with ledger_writes_blocked():
+            worker.start()
+            time.sleep(1.5)
+            # the original delivery still unacked (its "delayed" event unwritten)
+            assert broker.client.hexists(
+                f"{broker.namespace}:{QUEUE_A}.msgs", message.options["redis_message_id"]
+            )
+        join(QUEUE_A)
+    finally:
+        worker.stop()
+    ledger.flush()
+    job = Job.objects.get(message_id=message.message_id)
+    assert (job.state, job.attempts) == ("succeeded", 1)
+
+
+def test_stopping_one_of_two_workers_sends_every_held_ack(broker, settings):
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    a = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2, queues={QUEUE_A})
+    b = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2, queues={QUEUE_B})
+    try:
+        with ledger_writes_blocked():
+            a.start()
+            b.start()
+            [quick_a.send(n) for n in range(5)]
+            [quick_b.send(n) for n in range(5)]
+            time.sleep(1)
+            assert hlen(broker, f"{QUEUE_A}.msgs") == hlen(broker, f"{QUEUE_B}.msgs") == 5
+            # the lock goes 3 s into a's stop: its flush waits for the write
+            stopper = threading.Thread(target=a.stop)
+            stopper.start()
+            time.sleep(3)
+        stopper.join(15)
+        assert not stopper.is_alive()
+        assert hlen(broker, f"{QUEUE_A}.msgs") == 0
+        wait_until(lambda: hlen(broker, f"{QUEUE_B}.msgs") == 0)
+    finally:
+        b.stop()
+    writer = ledger._writer
+    assert writer is not None
+    assert not writer.tickets
+    assert not writer.held
+    for consumer_thread in [*a.consumers.values(), *b.consumers.values()]:
+        assert not held_ids_of(consumer_thread)
+
+
+@pytest.mark.parametrize("setting", ["JOBS_LEDGER_FLUSH_MS", "JOBS_LEDGER_ENABLED"])
+def test_without_batching_or_ledger_acks_go_at_once_and_nothing_is_held(broker, settings, setting):
+    setattr(settings, setting, 0)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker.start()
+    try:
+        [quick_a.send(n) for n in range(10)]
+        join(QUEUE_A)
+        assert hlen(broker, f"{QUEUE_A}.msgs") == 0
+        for consumer_thread in worker.consumers.values():
+            assert not held_ids_of(consumer_thread)
+            assert not queued_ids_of(consumer_thread)
+        writer = ledger._writer
+        assert writer is None or not writer.tickets
+    finally:
+        worker.stop()
