@@ -13,15 +13,26 @@ alive: a sibling under the same parent, not a zombie, whose broker id it read
 from the worker's presence key. A worker that dies stops being beaten at once
 (its process is gone or a zombie), so redelivery after a crash is as fast as
 before; a worker that is alive is never taken for dead, whatever its job does.
+
+A stop does not end it at once. Dramatiq's main process sends SIGTERM to every
+child together (a deploy's stop, or any one worker dying), and the workers then
+finish their jobs for up to ``--worker-shutdown-timeout``: a job holding the GIL
+through that needs its beats as much as before. So the pulse notes the signal
+and ends once no worker of its own is left (or the main process is gone). It
+cannot hold up the stop: the main process waits for its workers only, and then
+terminates and joins its daemon forks, by which time the pulse has none left to
+beat for and returns within a beat interval.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +61,34 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _workers(
+    client: Any, host: str, alive: dict[int, str], known: dict[tuple[int, str], str]
+) -> dict[tuple[int, str], str]:
+    """(pid, start time) -> broker id of the live siblings that are workers."""
+    from jobs.broker.workers import PREFIX
+
+    found = {k: v for k, v in known.items() if alive.get(k[0]) == k[1]}
+    for pid, started in alive.items():
+        if (pid, started) not in found:
+            # Written by the worker's own Heartbeat before its first job.
+            broker_id = client.get(f"{PREFIX}{host}:{pid}")
+            if broker_id:
+                found[(pid, started)] = _text(broker_id)
+    return found
+
+
+def _note_stop_requests() -> list[int]:
+    """Replace the fork's exit-at-once handlers: a stop is noted, not obeyed at once."""
+    requested: list[int] = []
+    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), lambda signum, _frame: requested.append(signum))
+    return requested
+
+
 def pulse() -> int:
-    """Beat for this rundramatiq's live worker processes until its main process ends."""
+    """Beat for this rundramatiq's live worker processes until they have all stopped."""
+    stop_requested = _note_stop_requests()
     import django
 
     django.setup()
@@ -64,15 +101,9 @@ def pulse() -> int:
     known: dict[tuple[int, str], str] = {}  # (pid, start time) -> broker id
     interval = beat_interval()
     while os.getppid() == parent:
+        alive = live_siblings(parent)
         try:
-            alive = live_siblings(parent)
-            for pid, started in alive.items():
-                if (pid, started) not in known:
-                    # Written by the worker's own Heartbeat before its first job.
-                    broker_id = client.get(f"{PREFIX}{host}:{pid}")
-                    if broker_id:
-                        known[(pid, started)] = _text(broker_id)
-            known = {k: v for k, v in known.items() if alive.get(k[0]) == k[1]}
+            known = _workers(client, host, alive, known)
             if known:
                 now_ms = int(time.time() * 1000)
                 pipe = client.pipeline(transaction=False)
@@ -82,5 +113,11 @@ def pulse() -> int:
                 pipe.execute()
         except Exception:
             logger.warning("Worker pulse failed; trying again", exc_info=True)
+        # Only the workers count: they are what a stop lets run on. Checked
+        # after a beat, so that a stop that came during boot still beats once
+        # for the workers it finds.
+        if stop_requested and not any(alive.get(pid) == started for pid, started in known):
+            logger.info("The workers have stopped; so does the pulse.")
+            break
         time.sleep(interval)
     return 0

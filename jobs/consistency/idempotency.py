@@ -15,6 +15,11 @@ heartbeat is older than the broker's timeout; ``jobs.broker.workers``), not
 after a fixed lease. A claim made outside a worker process (no heartbeat) falls
 back to its lease. The one window left is a crash between the effect and
 marking it done: the effect then runs again (at-least-once, never lost).
+
+A live holder is waited for only within its claim's lease: past it, the claim
+is taken as stuck (the effect ran but marking it done failed, or a time limit
+landed between the two, and the process lives on) and the duplicate fails as a
+transient error, so it ends "failed" in the admin after its retries.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -51,15 +57,35 @@ class EffectInProgress(Deferred, TransientJobError):
     """
 
 
+class EffectStuck(TransientJobError):
+    """A live worker has held the claim on this key past its lease.
+
+    Not a deferral: its holder is no longer working on it (an effect that ran
+    but was never marked done, the process still alive), so waiting would loop
+    forever, unseen, with the job "delayed". A failure spends the job's retries
+    and ends it "failed", where an operator sees the key and the holder and
+    decides (delete the claim to run the effect again, or mark it done).
+    Bounded by the lease, not by a count of deferrals: the lease already says how
+    long a holder may take, and a time reads the same whatever ``wait`` is.
+    """
+
+
+class Held(NamedTuple):
+    """A claim some live worker holds."""
+
+    holder: str
+    lease_until: datetime
+
+
 def _holder_dead(holder: str, lease_until: datetime) -> bool:
     if holder:
         return not workers.holder_alive(holder)
     return lease_until < timezone.now()
 
 
-def _claim(key: str, token: str, lease: timedelta) -> bool | None:
-    """Claim ``key``: True if claimed, False if its effect is done, None if a live
-    worker holds it."""
+def _claim(key: str, token: str, lease: timedelta) -> bool | Held:
+    """Claim ``key``: True if claimed, False if its effect is done, the claim if a
+    live worker holds it."""
     message = CurrentMessage.get_current_message()
     mine = {
         "claim_token": token,
@@ -83,20 +109,30 @@ def _claim(key: str, token: str, lease: timedelta) -> bool | None:
     if record["state"] == EffectRecord.State.DONE:
         return False
     if not _holder_dead(record["holder"], record["lease_until"]):
-        return None
+        return Held(record["holder"], record["lease_until"])
     # Conditional on the old token: of two workers that both saw the holder
     # dead, one takes the claim and the other waits on the new (live) holder.
     taken = EffectRecord.objects.filter(
         key=key, state=EffectRecord.State.RUNNING, claim_token=record["claim_token"]
     ).update(**mine)
-    if not taken:
-        return None
+    if not taken:  # another duplicate took it first: read the new holder
+        return _claim(key, token, lease)
     logger.warning(
         "Took over the claim on %s from %s",
         key,
         f"dead worker {record['holder']}" if record["holder"] else "an expired lease",
     )
     return True
+
+
+def _still_held(key: str, claim: Held) -> EffectInProgress | EffectStuck:
+    if claim.lease_until < timezone.now():
+        return EffectStuck(
+            f"effect {key!r} is claimed by live worker {claim.holder!r} past its lease"
+            f" (since {claim.lease_until:%Y-%m-%d %H:%M:%S} UTC) and never marked done;"
+            " delete its EffectRecord to run it again, or mark it done"
+        )
+    return EffectInProgress(f"effect {key!r} is being run by worker {claim.holder!r}")
 
 
 @contextmanager
@@ -137,13 +173,14 @@ def run_once(
     """Run ``effect`` unless it already ran under ``key``; True if it ran now.
 
     Waits up to ``wait`` while another live worker holds the key, then raises
-    ``EffectInProgress`` (a deferral: the job runs again later, no retry used).
+    ``EffectInProgress`` (a deferral: the job runs again later, no retry used),
+    or ``EffectStuck`` (a transient failure) once the claim is past its lease.
     """
     token = secrets.token_hex(16)
     deadline = time.monotonic() + wait.total_seconds()
-    while (claimed := _claim(key, token, lease)) is None:
+    while isinstance(claimed := _claim(key, token, lease), Held):
         if time.monotonic() >= deadline:
-            raise EffectInProgress(f"effect {key!r} is being run by another worker")
+            raise _still_held(key, claimed)
         time.sleep(POLL_SECONDS)
     if not claimed:
         logger.info("Effect %s already done; skipped", key)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import dramatiq
 import pytest
+from django.db import OperationalError
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.broker import redis_broker, workers
@@ -35,6 +38,18 @@ def send_once(key: str) -> None:
 def send_once_impatient(key: str) -> None:
     # A short wait, so that the holder outlasts it in a test of a second or two.
     run_once(key, lambda: effects.append(key), wait=timedelta(milliseconds=300))
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, min_backoff=200, max_backoff=400)
+def send_once_short_lease(key: str) -> None:
+    # A 1 s lease (10 min ships) and a 300 ms wait, so that a stuck claim outlives
+    # its lease, and the job its retries, in a test of a few seconds.
+    run_once(
+        key,
+        lambda: effects.append(key),
+        lease=timedelta(seconds=1),
+        wait=timedelta(milliseconds=300),
+    )
 
 
 def claim_held_by(holder: str, key: str) -> EffectRecord:
@@ -145,3 +160,37 @@ def test_a_duplicate_that_outwaits_its_wait_is_deferred_not_retried(
     job = Job.objects.get(message_id=message.message_id)
     assert (job.state, job.attempts, job.failures.count()) == ("succeeded", 1, 0)
     assert effects == []
+
+
+def test_it_fails_a_job_whose_claim_a_live_worker_holds_past_its_lease(
+    worker: dramatiq.Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a database blip right after the effect: marking the claim done fails
+    # once, so the claim stays "running", held by this worker, which lives on
+    update = QuerySet.update
+    blips: list[str] = []
+
+    def update_with_one_blip(queryset: QuerySet[Any], **values: Any) -> int:
+        marks_done = values.get("state") == EffectRecord.State.DONE
+        if queryset.model is EffectRecord and marks_done and not blips:
+            blips.append("done-mark")
+            raise OperationalError("server closed the connection unexpectedly")
+        return update(queryset, **values)
+
+    monkeypatch.setattr(QuerySet, "update", update_with_one_blip)
+
+    # When the job is retried, finds its own claim held, and goes on trying
+    message = send_once_short_lease.send("effect:stuck")
+    join(QUEUE)
+
+    # Then it ends "failed" after its retries (deferred within the lease, failed
+    # past it), not "delayed" forever, naming the key and the holder; the effect
+    # ran once
+    job = Job.objects.get(message_id=message.message_id)
+    assert (job.state, job.attempts) == ("failed", 4)
+    last = job.failures.order_by("number").last()
+    assert last is not None
+    assert last.error_type == "EffectStuck"
+    assert "effect:stuck" in last.error_message
+    assert redis_broker().broker_id in last.error_message
+    assert effects == ["effect:stuck"]
