@@ -22,20 +22,12 @@ from dramatiq.brokers.redis import RedisBroker
 from jobs.models import Job
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
+from tests.e2e.test_crash_safety import wait_until
 from tests.jobs.broker.test_acks import ledger_writes_blocked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 READY = "Worker process is ready for action."
 JOBS = 6
-
-
-def wait_until(predicate, timeout: float, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"not reached in {timeout} s")
 
 
 def send_jobs(producer: RedisBroker, prefix: str) -> list[dramatiq.Message[Any]]:

@@ -17,20 +17,12 @@ from django.db import connection
 from jobs.broker import redis_broker
 from jobs.models import Job
 from jobs.scheduling import watchdog
+from tests.e2e.test_crash_safety import wait_until
 from tests.examples.tasks import long_job
 from tests.jobs.ledger.test_ledger_outage import restart_postgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 READY = "Worker process is ready for action."
-
-
-def wait_until(predicate, timeout: float, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"not reached in {timeout} s")
 
 
 def state(message_id: str) -> str | None:

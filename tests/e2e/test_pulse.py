@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from jobs.broker import queues, redis_broker, workers
 from tests.e2e.conftest import WorkerProcess
+from tests.e2e.test_crash_safety import wait_until
 from tests.examples.tasks import long_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -27,15 +27,6 @@ ENV = {"JOBS_HEARTBEAT_TIMEOUT_MS": "2000"}  # as the busy-worker test in test_c
 
 def counter(key: str) -> int:
     return int(redis_broker().client.get(key) or 0)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, every: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"not reached in {timeout} s")
 
 
 def worker_broker_ids(worker: WorkerProcess) -> dict[int, str]:

@@ -7,12 +7,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import dramatiq
 import pytest
 from django.db import connections
 from dramatiq.brokers.redis import RedisBroker
 
+from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from tests.conftest import join
@@ -49,6 +51,19 @@ def ledger_writes_blocked() -> Iterator[None]:
         else:
             other.rollback()
         other.close()
+
+
+def held_ids_of(thread: Any) -> set[str]:
+    """The ids a worker's consumer thread has handed to the ledger writer."""
+    consumer = thread.consumer
+    assert isinstance(consumer, LedgerOrderedConsumer)
+    return consumer.held_ids
+
+
+def queued_ids_of(thread: Any) -> set[str]:
+    consumer = thread.consumer
+    assert isinstance(consumer, LedgerOrderedConsumer)
+    return set(consumer.queued_message_ids)
 
 
 def test_worker_threads_run_the_next_job_while_the_last_ones_ledger_write_waits(

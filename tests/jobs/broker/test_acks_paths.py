@@ -9,35 +9,21 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import dramatiq
 import pytest
 
-from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.errors import Deferred
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from tests.conftest import join
-from tests.jobs.broker.test_acks import ledger_writes_blocked
+from tests.jobs.broker.test_acks import held_ids_of, ledger_writes_blocked, queued_ids_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE_A, QUEUE_B = "held-a", "held-b"
 for _queue in (QUEUE_A, QUEUE_B):
     dramatiq.get_broker().declare_queue(_queue)
 deferred_once: set[str] = set()
-
-
-def held_ids_of(thread: Any) -> set[str]:
-    consumer = thread.consumer
-    assert isinstance(consumer, LedgerOrderedConsumer)
-    return consumer.held_ids
-
-
-def queued_ids_of(thread: Any) -> set[str]:
-    consumer = thread.consumer
-    assert isinstance(consumer, LedgerOrderedConsumer)
-    return set(consumer.queued_message_ids)
 
 
 @dramatiq.actor(queue_name=QUEUE_A, max_retries=0)

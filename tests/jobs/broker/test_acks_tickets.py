@@ -7,34 +7,21 @@ Run: bin/test tests/jobs/broker/test_acks_tickets.py   (also with --postgres)
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import dramatiq
 import pytest
 
 from jobs.broker import queues
-from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.errors import Deferred
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from tests.conftest import join
+from tests.jobs.broker.test_acks import held_ids_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "tickets"
 dramatiq.get_broker().declare_queue(QUEUE)
 tries: dict[str, int] = {}
-
-
-def held_ids_of(thread: Any) -> set[str]:
-    consumer = thread.consumer
-    assert isinstance(consumer, LedgerOrderedConsumer)
-    return consumer.held_ids
-
-
-def queued_ids_of(thread: Any) -> set[str]:
-    consumer = thread.consumer
-    assert isinstance(consumer, LedgerOrderedConsumer)
-    return set(consumer.queued_message_ids)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=2, min_backoff=50, max_backoff=100)
