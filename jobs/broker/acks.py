@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -113,10 +114,9 @@ class HeldAcks:
     namespace: str
     client: Any  # redis.Redis, or the Sentinel master client
     scripts: dict[str, Any]
+    # dispatch.lua's argument list, built by the broker (WakeupRedisBroker)
+    _dispatch_args: Callable[..., list[Any]]
     _last_warning = 0.0
-
-    def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
-        raise NotImplementedError
 
     def send_held_acks(self, held: list[HeldAck]) -> list[HeldAck]:
         """Ack (or nack) each message; the ones Redis could not take are returned."""

@@ -45,7 +45,7 @@ def start_replica(tmp_path: Path) -> Iterator[Callable[[], Process]]:
     """
     primary = urlsplit(settings.REDIS_URL)
     if primary.hostname not in ("127.0.0.1", "localhost") or primary.password:
-        pytest.skip("a replica needs the session's own Redis on this host")
+        pytest.skip(reason="a replica needs the session's own local Redis, not REDIS_URL's")
     started: list[Process] = []
     # Redis 7 waits 5 s for more replicas before a diskless full sync: none will come.
     redis_broker().client.config_set("repl-diskless-sync-delay", 0)
