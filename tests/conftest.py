@@ -78,6 +78,20 @@ def _flush_redis(redis_server: str) -> Iterator[None]:
     get_redis_connection("default").flushdb()
 
 
+@pytest.fixture(autouse=True)
+def _no_stale_workers() -> Iterator[None]:
+    """Take the test's workers off the shared broker once it ends.
+
+    ``dramatiq.Worker`` adds a middleware to the broker that starts a consumer
+    for each queue declared later, and ``Worker.stop()`` leaves it there: a
+    stopped worker of an earlier test would consume (and strand) messages of a
+    queue a later test declares.
+    """
+    broker = dramatiq.get_broker()
+    yield
+    broker.middleware[:] = [m for m in broker.middleware if type(m).__name__ != "_WorkerMiddleware"]
+
+
 @pytest.fixture
 def broker() -> dramatiq.Broker:
     return dramatiq.get_broker()

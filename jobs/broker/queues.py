@@ -114,19 +114,33 @@ def locate(queue_name: str, redis_message_id: str) -> str:
     return "dead" if dead else "gone"
 
 
+# A message moves between a queue and its delay queue by being written to one
+# before it is deleted from the other (dramatiq's delay consumer when it comes
+# due, Control's put-back while its queue is paused), so at every instant it is
+# in one of the two. Reading one and then the other can still miss it: it left
+# the second for the first in between. Alternating passes close that: one that
+# moved n times while we read is found within n + 2 passes, so four passes find
+# a message that moved twice (a paused message's round trip, which takes a
+# pause recheck interval).
+_PASSES = (("delayed", "DQ.msgs"), ("waiting", "msgs"), ("delayed", "DQ.msgs"), ("waiting", "msgs"))
+
+
 def find(queue_name: str, message_ids: set[str]) -> dict[str, tuple[str, str]]:
     """Where the messages ``message_ids`` wait, whatever their Redis ids now:
     message id -> ("waiting" or "delayed", redis message id).
 
     A message moved from the delay queue to its queue, or put back while its
     queue is paused, has a new Redis id the ledger may not know yet. Redis
-    indexes payloads by that id only, so this reads every payload of the queue
-    and of its delay queue once, for all the ids asked.
+    indexes payloads by that id only, so this reads the payloads of the queue
+    and of its delay queue, in alternating passes (``_PASSES``) that stop once
+    every id asked for was seen.
     """
     broker = redis_broker()
-    base = f"{broker.namespace}:{queue_name}"
     found: dict[str, tuple[str, str]] = {}
-    for place, name in (("waiting", f"{base}.msgs"), ("delayed", f"{base}.DQ.msgs")):
+    for place, suffix in _PASSES:
+        if len(found) == len(message_ids):
+            break
+        name = f"{broker.namespace}:{queue_name}.{suffix}"
         for redis_id, raw in broker.client.hscan_iter(name, count=1000):
             try:
                 message_id = dramatiq.Message.decode(cast(bytes, raw)).message_id
