@@ -4,13 +4,13 @@ Dramatiq's Redis consumer polls: when its queue is empty it sleeps with a
 growing backoff up to the worker timeout (1 s by default), so a job enqueued to
 an idle worker waits ~150 ms at the median and up to the timeout. Here the
 producer also pushes a wake-up token onto ``<ns>:<queue>.wake`` in the same
-round trip as the enqueue, and an idle consumer waits on that list with
+script as the enqueue (``_WAKE_ON_ENQUEUE``), and an idle consumer waits on that list with
 ``BLPOP`` for the time it would have slept. Nothing else changes: messages,
 acks, heartbeats and maintenance (requeue of a dead worker's messages) all
 still go through Dramatiq's ``dispatch`` script at the same cadence, so the
 delivery guarantees are Dramatiq's own.
 
-Why no wake-up can be lost: the token is pushed after the message, and a
+Why no wake-up can be lost: the token is pushed with the message, and a
 consumer only waits after a fetch that found nothing, so a message enqueued
 after that fetch leaves a token behind that ends the wait. Tokens left over
 while every worker was busy are harmless (a spurious wake-up costs one empty
@@ -41,6 +41,18 @@ from jobs.broker.sentinel import master_client
 WAKE_LIST_MAX = 64
 # Tokens only matter to consumers waiting now; stale ones vanish with the key.
 WAKE_LIST_TTL_MS = 60_000
+# Put before dispatch.lua's own text: the enqueue and its wake-up token in one
+# script, one command (three separate token commands cost each enqueue about
+# as much again as the enqueue itself). Atomic, so no consumer sees the token
+# before the message.
+_WAKE_ON_ENQUEUE = f"""
+if ARGV[1] == "enqueue" then
+    local wake = KEYS[1] .. ":" .. ARGV[3] .. ".wake"
+    redis.call("lpush", wake, 1)
+    redis.call("ltrim", wake, 0, {WAKE_LIST_MAX - 1})
+    redis.call("pexpire", wake, {WAKE_LIST_TTL_MS})
+end
+"""
 
 
 def wake_key(namespace: str, queue_name: str) -> str:
@@ -69,40 +81,45 @@ class WakeupRedisBroker(HeldAcks, RedisBroker):
             options["client"] = master_client(sentinels, sentinel_master, url)
         super().__init__(**options)  # type: ignore[no-untyped-call]
         self.instant_wakeup = instant_wakeup
+        dispatch = self.scripts["dispatch"]
+        self._enqueue_script = (
+            self.client.register_script(_WAKE_ON_ENQUEUE.encode() + dispatch.script)
+            if instant_wakeup
+            else dispatch
+        )
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
         return _WakeupConsumer if self.instant_wakeup else LedgerOrderedConsumer
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
-        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one round trip
+        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one command
         (with the marker and WAIT of ``jobs.broker.replication`` when asked for)."""
         ack = replication.current_ack()
-        if not self.instant_wakeup and ack is None:
-            return self._dispatch("enqueue")(queue_name, redis_message_id, data)  # type: ignore[no-untyped-call]
         args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
+        if ack is None:
+            # A plain EVALSHA, as the stock broker sends (redis-py's Script loads
+            # the script again when a restarted or promoted server lacks it).
+            return self._enqueue_script(keys=[self.namespace], args=args)
         try:
-            replies, waited = self._enqueue_pipeline(queue_name, args, ack)
+            replies, waited = self._enqueue_pipeline(args, ack)
         except redis.exceptions.NoScriptError:
             # Redis restarted (or a failover promoted a replica that never ran the
-            # script) and lost its script cache: load it and send again. The first
-            # try's token at worst wakes a consumer early.
-            self.client.script_load(self.scripts["dispatch"].script)
-            replies, waited = self._enqueue_pipeline(queue_name, args, ack)
-        if ack is not None:
-            replication.check_ack(self.client, ack, waited, replies)
+            # script) and lost its script cache: load it and send again (nothing
+            # of the first try ran).
+            self.client.script_load(self._enqueue_script.script)
+            replies, waited = self._enqueue_pipeline(args, ack)
+        replication.check_ack(self.client, ack, waited, replies)
         return replies[0]
 
     def _enqueue_pipeline(
-        self, queue_name: str, args: list[Any], ack: replication.ReplicaAck | None
+        self, args: list[Any], ack: replication.ReplicaAck
     ) -> tuple[list[Any], bool]:
         pipe = self.client.pipeline(transaction=False)
         # EVALSHA directly: redis-py's pipelined Script objects cost an extra
         # SCRIPT EXISTS round trip on every execute.
-        pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
-        if self.instant_wakeup:
-            self._push_tokens(pipe, queue_name, 1)
-        waited = ack is not None and replication.add_ack(pipe, self.client, ack)
+        pipe.evalsha(self._enqueue_script.sha, 1, self.namespace, *args)
+        waited = replication.add_ack(pipe, self.client, ack)
         replies: list[Any] = pipe.execute()
         return replies, waited
 

@@ -119,6 +119,36 @@ def test_it_keeps_the_wake_list_bounded_and_expiring(namespace):
     assert 0 < probe.broker.client.pttl(key) <= 60_000
 
 
+@pytest.mark.parametrize("instant_wakeup", [True, False])
+def test_an_enqueue_is_one_redis_command(namespace, instant_wakeup, monkeypatch):
+    # Given a broker with wake-up on (or off: the stock broker's one EVALSHA),
+    # and the commands this thread sends counted as redis-py packs them
+    probe = Probe(namespace, instant_wakeup=instant_wakeup)
+    probe.actor.send(0)  # the script is loaded by now
+    sent: list[str] = []
+    pool = probe.broker.client.connection_pool
+    connection = pool.get_connection()
+    packer = type(connection._command_packer)
+    pool.release(connection)
+    pack = packer.pack
+    me = threading.get_ident()
+
+    def counting(self, *args):
+        if threading.get_ident() == me:
+            sent.append(args[0].decode() if isinstance(args[0], bytes) else str(args[0]))
+        return pack(self, *args)
+
+    monkeypatch.setattr(packer, "pack", counting)
+    # When jobs are enqueued
+    for number in range(1, 11):
+        probe.actor.send(number)
+    # Then each is one command, its wake-up token included (three more
+    # commands cost an enqueue about as much again; the bench's enqueue scenario)
+    assert Counter(sent) == {"EVALSHA": 10}
+    tokens = probe.broker.client.llen(wake_key(namespace, "wake"))
+    assert tokens == (11 if instant_wakeup else 0)
+
+
 def test_it_runs_delayed_jobs_when_due(namespace):
     # Given an idle worker
     probe = Probe(namespace)
