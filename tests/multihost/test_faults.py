@@ -1,8 +1,10 @@
-"""Faults across hosts: a worker host cut off or lost, PostgreSQL restarted.
+"""Faults across hosts: a worker host cut off or lost, PostgreSQL restarted, the
+Redis primary killed.
 
 Each test prints its figures (run with -s). The hosts are network namespaces
-(netbed.py); the scenarios share one system, each waiting until the last
-one's jobs are done before it starts.
+(netbed.py); the scenarios share one system and run in file order: each counts
+only its own jobs and emails, and the Redis failover comes last, since it
+leaves redis2 the primary.
 """
 
 from __future__ import annotations
