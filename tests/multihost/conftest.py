@@ -89,14 +89,8 @@ class System:
 
     def _start_redis(self) -> None:
         primary = self.host("redis1").ip
-        for name, extra in (("redis1", []), ("redis2", ["--replicaof", primary, "6379"])):
-            data = self.dir / name
-            data.mkdir()
-            argv = [find_redis_server(), "--port", "6379", "--bind", self.host(name).ip,
-                    "--dir", str(data), "--appendonly", "yes", "--save", "",
-                    # the bed is a closed network: other hosts must get in, password-less
-                    "--protected-mode", "no", *extra]  # fmt: skip
-            self.bed.spawn(self.host(name), argv, dict(os.environ), f"{name}.log")
+        self.start_redis("redis1")
+        self.start_redis("redis2", replica_of="redis1")
         for name in ("sent1", "sent2", "sent3"):
             conf = self.dir / f"{name}.conf"
             # 2 s down-after and a 10 s failover timeout: a failover in seconds, as
@@ -109,8 +103,47 @@ class System:
             )
             self.bed.spawn(self.host(name), [find_redis_server(), str(conf), "--sentinel"],
                            dict(os.environ), f"{name}.log")  # fmt: skip
-        replica = redis.Redis(host=self.host("redis2").ip, port=6379, socket_timeout=1)
-        wait_for(lambda: replica.info("replication")["master_link_status"] == "up", 30, "replica")
+        self.wait_for_replica("redis2")
+
+    def start_redis(self, name: str, *, replica_of: str | None = None) -> None:
+        """Start (or start again, on its data) the Redis server of host ``name``."""
+        data = self.dir / name
+        data.mkdir(exist_ok=True)
+        extra = ["--replicaof", self.host(replica_of).ip, "6379"] if replica_of else []
+        argv = [find_redis_server(), "--port", "6379", "--bind", self.host(name).ip,
+                "--dir", str(data), "--appendonly", "yes", "--save", "",
+                # the bed is a closed network: other hosts must get in, password-less
+                "--protected-mode", "no", *extra]  # fmt: skip
+        self.bed.spawn(self.host(name), argv, dict(os.environ), f"{name}.log")
+
+    def wait_for_replica(self, name: str, timeout: float = 30) -> float:
+        replica = redis.Redis(host=self.host(name).ip, port=6379, socket_timeout=1)
+        return wait_for(
+            lambda: replica.info("replication")["master_link_status"] == "up", timeout,
+            f"{name} replicating",
+        )  # fmt: skip
+
+    def redis_primary(self) -> str | None:
+        """The host most Sentinels name as the Redis primary now."""
+        by_ip = {self.host(n).ip: n for n in ("redis1", "redis2")}
+        named = []
+        for sentinel in ("sent1", "sent2", "sent3"):
+            # Any: redis-py's execute_command is untyped, and Sentinel commands need it.
+            client: Any = redis.Redis(host=self.host(sentinel).ip, port=26379, socket_timeout=1)
+            try:
+                reply = client.execute_command("SENTINEL", "get-master-addr-by-name", MASTER)
+            except redis.RedisError:
+                continue
+            if reply:
+                named.append(by_ip.get(reply[0].decode(), reply[0].decode()))
+        return max(set(named), key=named.count) if named else None
+
+    def kill_redis_primary(self) -> str:
+        """SIGKILL the Redis server the Sentinels name as primary; return its host."""
+        name = self.redis_primary()
+        assert name in ("redis1", "redis2"), f"no primary to kill: Sentinels name {name}"
+        assert self.bed.kill_host(self.host(name)) == 1, f"{name} ran more than redis-server"
+        return name
 
     def _start_postgres(self) -> None:
         data = self.dir / "pg"
@@ -190,13 +223,18 @@ class System:
         except OSError:
             return 0
 
+    def deliveries(self) -> list[tuple[str, float]]:
+        """(recipient, time written) of every email the worker hosts' file backends wrote."""
+        found = []
+        for path in self.dir.glob("mail-*/*.log"):
+            written = path.stat().st_mtime
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith("To: "):
+                    found.append((line[len("To: ") :], written))
+        return found
+
     def mailed(self) -> Counter[str]:
-        return Counter(
-            line[len("To: ") :]
-            for path in self.dir.glob("mail-*/*.log")
-            for line in path.read_text(errors="replace").splitlines()
-            if line.startswith("To: ")
-        )
+        return Counter(to for to, _ in self.deliveries())
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         import psycopg
