@@ -16,9 +16,12 @@ after a fixed lease. A claim made outside a worker process (no heartbeat) falls
 back to its lease. The one window left is a crash between the effect and
 marking it done: the effect then runs again (at-least-once, never lost).
 
-A live holder is waited for only within its claim's lease: past it, the claim
-is taken as stuck (the effect ran but marking it done failed, or a time limit
-landed between the two, and the process lives on) and the duplicate fails as a
+Marking the claim done keeps trying through a database outage (a restart, a
+failover: ``MARK_DONE_PATIENCE``): the effect ran, and a claim left behind
+would hold the job's retries back for the whole lease, then run the effect
+again. A live holder is waited for only within its claim's lease: past it, the
+claim is taken as stuck (the effect ran but marking it done failed for longer,
+or a time limit landed between the two, and the process lives on) and the duplicate fails as a
 transient error, so it ends "failed" in the admin after its retries.
 """
 
@@ -32,13 +35,14 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from dramatiq.middleware import CurrentMessage
 
 from jobs.broker import workers
 from jobs.errors import Deferred, TransientJobError
 from jobs.models import EffectRecord
+from jobs.observability.unavailable import is_outage
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +50,9 @@ DEFAULT_LEASE = timedelta(minutes=10)
 # Long enough for any email or upload to finish; shorter than a job's time limit.
 DEFAULT_WAIT = timedelta(seconds=30)
 POLL_SECONDS = 0.2
+# How long marking an effect done keeps trying while the database is out of
+# reach: a PostgreSQL restart or failover takes seconds.
+MARK_DONE_PATIENCE = timedelta(seconds=60)
 
 
 class EffectInProgress(Deferred, TransientJobError):
@@ -190,7 +197,25 @@ def run_once(
     except BaseException:
         EffectRecord.objects.filter(key=key, claim_token=token).delete()
         raise
-    EffectRecord.objects.filter(key=key, claim_token=token).update(
-        state=EffectRecord.State.DONE, done_at=timezone.now()
-    )
+    _mark_done(key, token)
     return True
+
+
+def _mark_done(key: str, token: str) -> None:
+    """Mark the claim done, through a database outage of up to ``MARK_DONE_PATIENCE``."""
+    deadline = time.monotonic() + MARK_DONE_PATIENCE.total_seconds()
+    pause = POLL_SECONDS
+    while True:
+        try:
+            EffectRecord.objects.filter(key=key, claim_token=token).update(
+                state=EffectRecord.State.DONE, done_at=timezone.now()
+            )
+            return
+        except DatabaseError as exc:
+            # Inside a caller's transaction the connection cannot be replaced.
+            if not is_outage(exc) or connection.in_atomic_block or time.monotonic() > deadline:
+                raise
+            logger.warning("Effect %s ran; marking it done waits for the database: %s", key, exc)
+            connection.close()  # the lost connection is unusable; the next query reconnects
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)

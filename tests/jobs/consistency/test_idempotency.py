@@ -14,7 +14,7 @@ from typing import Any
 
 import dramatiq
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from jobs.broker import redis_broker, workers
 from jobs.consistency.idempotency import run_once
 from jobs.models import EffectRecord, Job
 from tests.conftest import AttemptRecorder, join
+from tests.jobs.observability.outage_urls import terminate_this_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -194,3 +195,24 @@ def test_it_fails_a_job_whose_claim_a_live_worker_holds_past_its_lease(
     assert "effect:stuck" in last.error_message
     assert redis_broker().broker_id in last.error_message
     assert effects == ["effect:stuck"]
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="needs a PostgreSQL connection to lose"
+)
+def test_an_effect_that_ran_is_marked_done_after_the_database_comes_back() -> None:
+    # Given an effect during which the database drops our connection (a restart)
+    def effect() -> None:
+        effects.append("restart")
+        terminate_this_connection()
+
+    # When it runs once
+    ran = run_once("restart-1", effect)
+
+    # Then its claim is marked done once the database answers again (not left
+    # claimed, which would hold the job's retries back for the whole lease and
+    # then send again), and a duplicate skips it
+    assert ran is True
+    assert EffectRecord.objects.get(key="restart-1").state == EffectRecord.State.DONE
+    assert run_once("restart-1", effect) is False
+    assert effects.count("restart") == 1
