@@ -13,6 +13,11 @@ thread takes its next message at once; the message stays in this worker's ack
 set (and counts against its prefetch) until the ack is sent, so a worker killed
 in between has the message redelivered, as with any unacked message.
 
+A message whose retry could not be enqueued (Redis unreachable: a failover
+under way) is marked ``GIVE_BACK`` by the Retries middleware; its ack becomes a
+requeue, held and retried like any ack, so the promoted primary runs it again
+instead of dropping it (``jobs.middleware.retries``).
+
 The consumer also hands back, when it closes, the messages it fetched into its
 ack set but never passed to a worker thread (Dramatiq's own consumer leaves
 them there; see ``LedgerOrderedConsumer.close``).
@@ -42,7 +47,11 @@ logger = logging.getLogger(__name__)
 # every pass of the ledger writer, ~5 a second).
 _WARN_EVERY = 10.0
 
-# (consumer, message, "ack" or "nack")
+# The message option that turns a message's ack into a requeue: it ran, failed,
+# and its retry never reached Redis, so the message itself must go back.
+GIVE_BACK = "give_back"
+
+# (consumer, message, "ack", "nack" or "requeue")
 HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
 
 
@@ -70,8 +79,18 @@ class LedgerOrderedConsumer(_RedisConsumer):
         return waiting + len(self.message_cache)
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
-        if not self._held(message, "ack"):
+        command = "requeue" if message.options.get(GIVE_BACK) else "ack"
+        if self._held(message, command):
+            return
+        if command == "ack":
             super().ack(message)  # type: ignore[no-untyped-call]
+            return
+        try:
+            self.requeue([message])  # type: ignore[no-untyped-call]
+        except redis.ConnectionError as exc:
+            # Dramatiq's post_process_message tries again until Redis answers.
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        self.queued_message_ids.discard(message.message_id)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
         if not self._held(message, "nack"):

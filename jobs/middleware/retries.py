@@ -12,6 +12,13 @@ quote a whole payload, so only its end is kept: the message stays small in
 Redis, and the size limit (which does not count it) never refuses the retry.
 Every attempt's own traceback is kept in the ledger (``JobAttempt``).
 
+A retry (or deferral) that Redis does not take (unreachable: a restart, a
+failover under way) must not let the message be acked: Dramatiq would log the
+error and ack it, and the job would be gone with its ledger row left "running".
+The message is marked ``GIVE_BACK`` instead, and the consumer puts it back in
+its queue in place of the ack (``jobs.broker.acks``), retrying until Redis
+answers: it runs again as soon as a primary takes it.
+
 A deferral (``jobs.errors.Deferred``, e.g. a full rate limit, or Dramatiq's own
 ``RateLimitExceeded``) is not a failure: the message goes back with the
 deferral's delay as the same attempt, whatever ``max_retries`` says, and counts
@@ -20,15 +27,20 @@ one more deferral of that attempt (the ledger orders its events by it).
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import dramatiq
+import redis
 from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
+from jobs.broker.acks import GIVE_BACK
 from jobs.errors import DEFERRALS, is_deferral, is_permanent
+
+logger = logging.getLogger(__name__)
 
 MAX_TRACEBACK_CHARS = 4000
 
@@ -50,6 +62,18 @@ class Retries(stock.Retries):
     ) -> None:
         if exception is None:
             return
+        try:
+            self._retry(broker, message, exception)
+        except redis.RedisError as exc:
+            logger.warning(
+                "Could not enqueue the retry of message %r (%s); the message goes back "
+                "to its queue instead.",
+                message.message_id,
+                exc,
+            )
+            message.options[GIVE_BACK] = True
+
+    def _retry(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
         if is_deferral(exception):
             self._defer(broker, message, exception)
             return
@@ -64,7 +88,7 @@ class Retries(stock.Retries):
             message.fail()
             return
         super().after_process_message(  # type: ignore[no-untyped-call]
-            broker, message, result=result, exception=exception
+            broker, message, exception=exception
         )
 
     def before_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import time
 
 import dramatiq
@@ -57,3 +58,13 @@ def long_job(key: str, seconds: float, gil: bool = False) -> None:
     else:
         time.sleep(seconds)
     client.incr(f"long-job:{key}:ends")
+
+
+# Waits until the file ``gate`` exists, then counts a run in Redis: a test opens
+# the gate while Redis is unreachable, so the job fails with a connection error
+# at a moment of its choosing, and counts the run that finally gets through.
+@dramatiq.actor(queue_name="long", max_retries=3, min_backoff=100, max_backoff=200)
+def gated_redis_job(key: str, gate: str) -> None:
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    redis_broker().client.incr(f"gated-job:{key}:runs")

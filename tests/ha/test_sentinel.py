@@ -170,15 +170,6 @@ SIGNUPS_PER_S = 8
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "issue 14 (open): a Redis failover can still lose a job in flight; the fresh-clone "
-        "CI run of 2026-11-30 lost 1 welcome email of 91 (its ledger row never finished). "
-        "Asynchronous replication loses what the old primary acknowledged last; the outbox's "
-        "WAIT covers only messages it relays. Kept running so the loss stays visible."
-    ),
-)
 def test_it_loses_no_welcome_email_when_the_primary_is_killed_under_signup_load(
     sentinel_cluster: SentinelCluster,
     start_web: Any,
