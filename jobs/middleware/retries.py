@@ -12,8 +12,11 @@ quote a whole payload, so only its end is kept: the message stays small in
 Redis, and the size limit (which does not count it) never refuses the retry.
 Every attempt's own traceback is kept in the ledger (``JobAttempt``).
 
-A retry (or deferral) that Redis does not take (unreachable: a restart, a
-failover under way) must not let the message be acked: Dramatiq would log the
+A retry (or deferral) waits for a replica to hold it when the outbox does
+(``JOBS_OUTBOX_WAIT_REPLICAS``, ``jobs.broker.replication``), so a primary that
+dies before passing it on cannot take the only copy with it. A retry that
+Redis does not take (unreachable: a restart, a failover under way) must not let
+the message be acked: Dramatiq would log the
 error and ack it, and the job would be gone with its ledger row left "running".
 The message is marked ``GIVE_BACK`` instead, and the consumer puts it back in
 its queue in place of the ack (``jobs.broker.acks``), retrying until Redis
@@ -37,6 +40,7 @@ from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
+from jobs.broker import replication
 from jobs.broker.acks import GIVE_BACK
 from jobs.errors import DEFERRALS, is_deferral, is_permanent
 
@@ -63,7 +67,20 @@ class Retries(stock.Retries):
         if exception is None:
             return
         try:
-            self._retry(broker, message, exception)
+            # The retry is confirmed by a replica, as the outbox's messages are:
+            # a primary that dies before passing it on fails the WAIT (a
+            # connection error: the message goes back, below) instead of
+            # answering and taking the only copy with it.
+            with replication.confirmed_by_replicas(
+                settings.JOBS_OUTBOX_WAIT_REPLICAS, settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
+            ):
+                self._retry(broker, message, exception)
+        except replication.ReplicationNotConfirmed as exc:
+            # The primary has the retry and lives; a replica is late or away.
+            # Giving the message back as well would run the job twice.
+            logger.warning(
+                "Retry of message %r not confirmed by a replica: %s", message.message_id, exc
+            )
         except redis.RedisError as exc:
             logger.warning(
                 "Could not enqueue the retry of message %r (%s); the message goes back "

@@ -68,3 +68,16 @@ def gated_redis_job(key: str, gate: str) -> None:
     while not os.path.exists(gate):
         time.sleep(0.05)
     redis_broker().client.incr(f"gated-job:{key}:runs")
+
+
+# Waits for the file ``gate``, then fails its first try (a transient error,
+# Redis reachable) and counts a later run in Redis: the failure's retry is
+# enqueued at a moment the test chooses.
+@dramatiq.actor(queue_name="long", max_retries=3, min_backoff=100, max_backoff=200)
+def gated_flaky_job(key: str, gate: str) -> None:
+    while not os.path.exists(gate):
+        time.sleep(0.05)
+    message = CurrentMessage.get_current_message()
+    if message is not None and not message.options.get("retries"):
+        raise TransientJobError("the first try fails")
+    redis_broker().client.incr(f"gated-job:{key}:runs")

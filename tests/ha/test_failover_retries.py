@@ -26,11 +26,13 @@ from tests.ha.cluster import SentinelCluster
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def enqueue(cluster: SentinelCluster, key: str, gate: Path) -> dramatiq.Message[Any]:
+def enqueue(
+    cluster: SentinelCluster, key: str, gate: Path, actor: str = "gated_redis_job"
+) -> dramatiq.Message[Any]:
     producer = RedisBroker(client=cluster.client(cluster.primary.port))  # type: ignore[no-untyped-call]
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name="long",
-        actor_name="gated_redis_job",
+        actor_name=actor,
         args=(key, str(gate)),
         kwargs={},
         options={},
@@ -81,3 +83,51 @@ def test_it_retries_a_job_that_failed_while_redis_failed_over(
     print(f"\nledger row {row.state} after {row.attempts} attempt(s); on the new primary: {left}")
     assert replica.get("gated-job:failover:runs") == b"1", (row.state, left, worker.log()[-4000:])
     assert row.state == "succeeded"
+
+
+@pytest.mark.timeout(180)
+def test_a_retry_the_dying_primary_took_is_not_lost(
+    sentinel_cluster: SentinelCluster, start_worker: Any, tmp_path: Path
+) -> None:
+    cluster = sentinel_cluster
+    replica = cluster.client(cluster.replica.port)
+    # A WAIT of 10 s instead of the shipped 500 ms: the primary is killed while
+    # the retry's WAIT is pending, which the test must reach in time.
+    env = {**cluster.env, "JOBS_OUTBOX_WAIT_TIMEOUT_MS": "10000"}
+    worker = start_worker(env=env, threads=1, queues=("long",))
+    worker.wait_for_log(READY)
+
+    # Given a job a worker fetched (the fetch is on the replica too) and runs
+    gate = tmp_path / "gate"
+    message = enqueue(cluster, "retry", gate, actor="gated_flaky_job")
+    wait_until(lambda: bool(replica.keys("dramatiq:__acks__.*.long")), timeout=15)
+    wait_until(lambda: bool(replica.smembers(replica.keys("dramatiq:__acks__.*.long")[0])), 15)
+
+    # When its first try fails while the replica lags (stopped), so the primary
+    # alone takes the retry, and the primary dies before passing it on
+    cluster.replica.process.send_signal(signal.SIGSTOP)
+    try:
+        gate.touch()
+        wait_until(lambda: "Retrying message" in worker.log(), timeout=30, every=0.05)
+        cluster.kill_primary()
+    finally:
+        cluster.replica.process.send_signal(signal.SIGCONT)
+    cluster.wait_until_sentinels_agree(cluster.replica.port, timeout=60)
+
+    # Then the job runs again on the promoted replica (which never got the retry)
+    # and succeeds: the retry was never confirmed, so the message went back
+    def ran() -> bool:
+        return replica.get("gated-job:retry:runs") is not None
+
+    with contextlib.suppress(AssertionError):  # the figures below say what happened
+        wait_until(ran, timeout=40, every=0.5)
+    row = Job.objects.get(message_id=message.message_id)
+    left = {
+        "queue": replica.lrange("dramatiq:long", 0, -1),
+        "msgs": replica.hlen("dramatiq:long.msgs"),
+        "delayed": replica.hlen("dramatiq:long.DQ.msgs"),
+        "acks": {k: replica.smembers(k) for k in replica.keys("dramatiq:__acks__.*")},
+    }
+    print(f"\nledger row {row.state} after {row.attempts} attempt(s); on the new primary: {left}")
+    assert replica.get("gated-job:retry:runs") == b"1", (row.state, left, worker.log()[-4000:])
+    wait_until(lambda: Job.objects.get(pk=row.pk).state == "succeeded", timeout=10)
