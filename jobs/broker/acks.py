@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -36,6 +37,7 @@ import redis
 from dramatiq.brokers.redis import _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 
+from jobs.broker import strays
 from jobs.ledger import writer as ledger
 
 if TYPE_CHECKING:
@@ -72,6 +74,53 @@ class LedgerOrderedConsumer(_RedisConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self.held_ids: set[str] = set()  # handed to the ledger writer, not yet acked
+        # Kept by the consumer thread across the consumers it makes (jobs.broker.strays).
+        self.memory = strays.memory_of(threading.current_thread())
+        self._delays = self.queue_name.endswith(".DQ")
+        self._strays_handed_back = False
+
+    def __next__(self) -> dramatiq.MessageProxy | None:
+        if not self._strays_handed_back:
+            self._hand_back_strays()
+            self._strays_handed_back = True
+        message = self._next()
+        if message is not None and self._delays:
+            self.memory.delayed[message.message_id] = message.options["redis_message_id"]
+        return message
+
+    def _next(self) -> dramatiq.MessageProxy | None:
+        """The next message, or None after a wait: Dramatiq's fetch and sleep."""
+        message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        return message
+
+    def _hand_back_strays(self) -> None:
+        """What this thread's earlier consumer took and lost (``jobs.broker.strays``)."""
+        redis_ids, settled = self.memory.lost(threading.current_thread())
+        if not redis_ids:
+            return
+        try:
+            self.broker.do_requeue(self.queue_name, *redis_ids)
+            if self.broker.instant_wakeup:
+                self.broker.wake(self.queue_name, len(redis_ids))
+        except redis.ConnectionError as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        self.memory.handed_back(settled)
+        logger.warning(
+            "Handed back %d message(s) of %s that this worker took and lost from memory "
+            "while Redis was unreachable",
+            len(redis_ids),
+            self.queue_name,
+        )
+
+    def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
+        messages = list(messages)
+        super().requeue(messages)  # type: ignore[no-untyped-call]
+        for message in messages:  # handed back: no longer this thread's to keep
+            self._settled(message)
+
+    def _settled(self, message: dramatiq.MessageProxy) -> None:
+        if self._delays:
+            self.memory.delayed.pop(message.message_id, None)
 
     @property
     def outstanding_message_count(self) -> int:
@@ -79,6 +128,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         return waiting + len(self.message_cache)
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
+        self._settled(message)
         command = "requeue" if message.options.get(GIVE_BACK) else "ack"
         if self._held(message, command):
             return
@@ -86,13 +136,14 @@ class LedgerOrderedConsumer(_RedisConsumer):
             super().ack(message)  # type: ignore[no-untyped-call]
             return
         try:
-            self.requeue([message])  # type: ignore[no-untyped-call]
+            self.requeue([message])
         except redis.ConnectionError as exc:
             # Dramatiq's post_process_message tries again until Redis answers.
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         self.queued_message_ids.discard(message.message_id)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
+        self._settled(message)
         if not self._held(message, "nack"):
             super().nack(message)  # type: ignore[no-untyped-call]
 
@@ -114,8 +165,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 fetched.append(dramatiq.MessageProxy(dramatiq.Message.decode(data)))
         try:
             # (The wake-up consumer's requeue also wakes idle peers.)
-            self.requeue(fetched)  # type: ignore[no-untyped-call]
+            self.requeue(fetched)
         except redis.ConnectionError as exc:
+            # Redis is away: this thread's next consumer hands them back.
+            self.memory.left.update(m.options["redis_message_id"] for m in fetched)
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:

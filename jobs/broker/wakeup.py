@@ -168,12 +168,12 @@ class _WakeupConsumer(LedgerOrderedConsumer):
     def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
         # A stopping worker hands its prefetched messages back: tell idle peers.
         messages = list(messages)
-        super().requeue(messages)  # type: ignore[no-untyped-call]
+        super().requeue(messages)
         if messages:
             self.broker.wake(self.queue_name, len(messages))
 
-    def __next__(self) -> dramatiq.MessageProxy | None:
-        stock_next: Callable[[], dramatiq.MessageProxy | None] = super().__next__
+    def _next(self) -> dramatiq.MessageProxy | None:
+        stock_next: Callable[[], dramatiq.MessageProxy | None] = super()._next
         if self.message_cache or self.outstanding_message_count >= self.prefetch:
             # Messages at hand, or no room for more: the stock path (a full
             # consumer must not take a token another, idle, consumer needs).
