@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import dramatiq
 from django.conf import settings
 from dramatiq.broker import Broker
@@ -9,7 +11,9 @@ from dramatiq.broker import Broker
 
 class OutboxRelay(dramatiq.Middleware):
     def __init__(self) -> None:
-        self._relay: object | None = None
+        # One relay per worker: a process that runs two workers on the broker
+        # (tests do) stops each one's relay, never leaving one running unowned.
+        self._relays: dict[dramatiq.Worker, Any] = {}
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         if settings.JOBS_OUTBOX_RELAY_INTERVAL_MS <= 0:
@@ -18,10 +22,9 @@ class OutboxRelay(dramatiq.Middleware):
 
         relay = Relay(settings.JOBS_OUTBOX_RELAY_INTERVAL_MS / 1000)
         relay.start()
-        self._relay = relay
+        self._relays[worker] = relay
 
     def before_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        relay = self._relay
+        relay = self._relays.pop(worker, None)
         if relay is not None:
-            relay.stop()  # type: ignore[attr-defined]
-            self._relay = None
+            relay.stop()
