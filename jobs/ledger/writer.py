@@ -47,7 +47,7 @@ from django.db import connection, transaction
 
 from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
-from jobs.ledger.upsert import insert_references, upsert
+from jobs.ledger.upsert import annotate, insert_references, upsert
 from jobs.observability import metrics
 from jobs.observability.unavailable import is_outage
 
@@ -240,7 +240,7 @@ def _make_storable(merged: list[Event], failures: list[dict[str, Any]]) -> None:
 def write(events: list[Event]) -> None:
     """Write ``events`` in one transaction: forward-only, insert-race safe."""
     # Imported here: middleware loads this module before the app registry is ready.
-    from jobs.models import Job, JobAttempt
+    from jobs.models import JobAttempt
 
     merged, failures = _merge(events)
     _make_storable(merged, failures)
@@ -254,12 +254,7 @@ def write(events: list[Event]) -> None:
         if lost and failures:
             _renumber(failures)
         failures += lost
-        for event in merged:
-            if event.annotate and event.progress < TERMINAL:
-                stats.statements += 1
-                Job.objects.filter(message_id=event.message_id, progress__lt=TERMINAL).update(
-                    **event.annotate
-                )
+        stats.statements += annotate(merged, TERMINAL)
         if failures:
             failures.sort(key=lambda f: (f["job_id"], f["number"]))
             stats.statements += 1
