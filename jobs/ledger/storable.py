@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -31,10 +32,20 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 _NON_FINITE = frozenset({"NaN", "Infinity", "-Infinity"})
 # Identities are never cut: a shortened key would name another row.
 _KEYS = frozenset({"message_id", "job_id", "retry_of_id"})
+# Exact types ``storable`` returns as they are (a subclass takes the long way).
+_WITHOUT_TEXT = frozenset({type(None), bool, int, datetime})
 
 
 def storable(value: Any) -> Any:
     """``value`` (a string, or JSON-like data) without what a database refuses."""
+    kind = type(value)
+    # The writer thread runs this over every column of every job: most text is
+    # ASCII without NUL (no surrogate either, then), which str methods tell at
+    # C speed, and most other values are of types that hold no text at all.
+    if kind is str and value.isascii() and "\x00" not in value:
+        return value
+    if kind in _WITHOUT_TEXT:
+        return value
     if isinstance(value, str):
         return _UNSTORABLE.sub(REPLACEMENT, value)
     if isinstance(value, float) and not math.isfinite(value):

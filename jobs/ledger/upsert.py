@@ -2,19 +2,79 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from jobs.ledger.states import FAILED, RUNNING, SUCCEEDED
 
 if TYPE_CHECKING:
     from jobs.ledger.writer import Event
 
+Prepare = Callable[[Any], Any]
+_INTEGER_FIELDS = (models.IntegerField, models.BigIntegerField, models.PositiveIntegerField)
+
 # What the watchdog writes with an end it guessed (a finished state below
 # TERMINAL, jobs.scheduling.watchdog), as SQL for the column's default: the
 # message's next event shows the guess wrong, and its note goes with it.
 _GUESS_NOTES = {"error_type": "''", "error_message": "''", "finished_at": "NULL"}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _preparers(
+    fields: list[models.Field[Any, Any]], conn: BaseDatabaseWrapper
+) -> list[dict[type, Prepare]]:
+    """Per column, by a value's exact type, what ``get_db_prep_save`` comes down to.
+
+    ``get_db_prep_save`` walks four or five methods per value (and the thread
+    local connection proxy) to return, for the values the ledger writes, the
+    value itself or one backend adaptation; the writer thread pays that for
+    every column of every job while the worker threads wait for the GIL. Only
+    Django's own field classes and the types the middleware sends take the
+    short way (a subclass or any other type takes Django's), and
+    tests/jobs/ledger/test_upsert_prepare.py checks each against Django's.
+    """
+    ops = conn.ops
+    found: list[dict[type, Prepare]] = []
+    for field in fields:
+        # None is None for each of these classes (SQL NULL).
+        known: dict[type, Prepare] = {type(None): _same}
+        kind = type(field)
+        if kind in (models.CharField, models.TextField):
+            known[str] = _same  # to_python(str) is the str; no backend adaptation
+        elif kind in _INTEGER_FIELDS:
+            known[int] = _integer(ops.adapt_integerfield_value, field.get_internal_type())
+        elif kind is models.DateTimeField:
+            known[datetime] = _datetime(ops.adapt_datetimefield_value, field, conn)
+        elif kind is models.JSONField and isinstance(field, models.JSONField):  # (typing)
+            known[dict] = known[list] = _json(ops.adapt_json_value, field.encoder)
+        else:
+            known = {}
+        found.append(known)
+    return found
+
+
+def _integer(adapt: Callable[[Any, str], Any], internal_type: str) -> Prepare:
+    return lambda value: adapt(value, internal_type)  # int(value) is the value
+
+
+def _datetime(adapt: Prepare, field: models.Field[Any, Any], conn: BaseDatabaseWrapper) -> Prepare:
+    def prepare(value: datetime) -> Any:
+        if value.utcoffset() is None:  # naive: Django warns and makes it aware
+            return field.get_db_prep_save(value, conn)
+        return adapt(value)
+
+    return prepare
+
+
+def _json(adapt: Callable[[Any, Any], Any], encoder: Any) -> Prepare:
+    return lambda value: adapt(value, encoder)
 
 
 def upsert(events: list[Event]) -> None:
@@ -35,7 +95,11 @@ def upsert(events: list[Event]) -> None:
     columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
     placeholders = ", ".join(["%s"] * len(fields))
     position = {f.attname: i for i, f in enumerate(fields)}
-    prepared_defaults = [f.get_db_prep_save(f.get_default(), connection) for f in fields]
+    # The thread's own connection, not the proxy: each attribute read through
+    # ``django.db.connection`` is a thread-local lookup.
+    conn = connections[DEFAULT_DB_ALIAS]
+    prepared_defaults = [f.get_db_prep_save(f.get_default(), conn) for f in fields]
+    preparers = _preparers(fields, conn)
 
     def old(name: str) -> str:
         return f"{table}.{quote(name)}"
@@ -101,7 +165,11 @@ def upsert(events: list[Event]) -> None:
         values.update(message_id=event.message_id, state=event.state, progress=event.progress)
         for name, value in values.items():
             index = position[name]
-            row[index] = fields[index].get_db_prep_save(value, connection)
+            prepare = preparers[index].get(type(value))
+            if prepare is None:
+                row[index] = fields[index].get_db_prep_save(value, conn)
+            else:
+                row[index] = prepare(value)
         for name in updated:
             if name == "attempts":
                 row += ["attempts" in event.update, event.started_progress, event.resumes]
@@ -110,6 +178,44 @@ def upsert(events: list[Event]) -> None:
         rows.append(row)
     with connection.cursor() as cursor:
         cursor.executemany(sql, rows)
+
+
+def annotate(events: list[Event], terminal: int) -> int:
+    """Write each event's ``annotate`` columns unless its job reached ``terminal``;
+    the number of statements it took.
+
+    One UPDATE per set of columns (in practice one: the error columns), sent
+    with ``executemany`` in message-id order, rather than one ORM ``update()``
+    per event: building and compiling a queryset per failed job was most of
+    what the writer spent on a batch of failures.
+    """
+    from jobs.models import Job
+
+    conn = connections[DEFAULT_DB_ALIAS]
+    concrete = {f.name: f for f in Job._meta.concrete_fields}
+    below = concrete["progress"].get_db_prep_save(terminal, conn)
+    groups: dict[tuple[str, ...], list[list[Any]]] = {}
+    for event in sorted(events, key=lambda e: e.message_id):
+        if not event.annotate or event.progress >= terminal:
+            continue
+        fields = [(concrete[name], value) for name, value in event.annotate.items()]
+        row = [field.get_db_prep_save(value, conn) for field, value in fields]
+        # (attnames are the columns: no db_column overrides here)
+        groups.setdefault(tuple(field.attname for field, _ in fields), []).append(
+            [*row, event.message_id, below]
+        )
+    if not groups:
+        return 0
+    quote = conn.ops.quote_name
+    with conn.cursor() as cursor:
+        for columns, rows in groups.items():
+            cursor.executemany(
+                f"UPDATE {quote(Job._meta.db_table)} "
+                f"SET {', '.join(f'{quote(column)} = %s' for column in columns)} "
+                f"WHERE {quote('message_id')} = %s AND {quote('progress')} < %s",
+                rows,
+            )
+    return len(groups)
 
 
 def insert_references(events: list[Event]) -> bool:

@@ -329,3 +329,27 @@ def test_it_retries_a_batch_that_lost_a_deadlock(settings) -> None:
     assert ledger.stats.retries - retries == 1
     rows = set(Job.objects.values_list("message_id", "state", "worker_host"))
     assert rows == {("d-a", "running", "worker"), ("d-b", "running", "worker")}
+
+
+def test_a_batch_notes_each_running_jobs_error_but_never_a_finished_jobs() -> None:
+    # Given three jobs: two running, one already succeeded with no error
+    start = progress_of(0, PHASE_RUNNING)
+    write(
+        [
+            Event(f"m-{n}", "running", start, dict(CREATE), {"attempts": 1}, subjects=())
+            for n in (1, 2)
+        ]
+        + [Event("m-3", "succeeded", TERMINAL, dict(CREATE))]
+    )
+
+    # When one batch carries each job's failed attempt, to be retried (an
+    # annotation, whatever the progress), the third arriving after its end
+    def failed(message_id: str, error: str) -> Event:
+        errors = {"error_type": error, "error_message": f"{error} in {message_id}"}
+        return Event(message_id, "running", start, dict(CREATE), annotate=errors)
+
+    write([failed("m-2", "KeyError"), failed("m-3", "Late"), failed("m-1", "ValueError")])
+
+    # Then each running job shows its own error and the finished one none
+    rows = Job.objects.order_by("message_id").values_list("message_id", "error_message")
+    assert list(rows) == [("m-1", "ValueError in m-1"), ("m-2", "KeyError in m-2"), ("m-3", "")]

@@ -121,6 +121,32 @@ def test_it_stores_every_json_column_with_unstorable_values_nested_among_its_bat
     )
 
 
+def test_it_stores_plain_ascii_text_holding_nul_made_storable(settings) -> None:
+    # Given text that is ASCII but for a NUL (no surrogate, nothing non-ASCII),
+    # in a column, an argument and a reference, among a batchmate's plain text
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    create = {"actor_name": "a\x00b", "queue_name": "q", "enqueued_at": datetime.now(UTC)}
+    ledger.record(Event("plain", "enqueued", progress_of(0, PHASE_ENQUEUED), dict(create)))
+    ledger.record(
+        Event(
+            "nul",
+            "enqueued",
+            progress_of(0, PHASE_ENQUEUED),
+            {**create, "args": ["x\x00y"]},
+            subjects=("auth.user:\x00",),
+        )
+    )
+
+    # When the batch is written
+    assert ledger.flush()
+
+    # Then the NUL is replaced wherever it was
+    job = Job.objects.get(message_id="nul")
+    assert (job.actor_name, job.args) == ("a\ufffdb", ["x\ufffdy"])
+    assert list(job.references.values_list("subject", flat=True)) == ["auth.user:\ufffd"]
+    assert Job.objects.get(message_id="plain").actor_name == "a\ufffdb"
+
+
 def test_a_failed_job_whose_stored_arguments_were_altered_is_not_retried_from_them() -> None:
     # Given failed jobs whose dead letters are gone, so a retry can only be
     # built from the ledger, two of them with arguments stored altered
