@@ -182,12 +182,12 @@ def throughput(context: Context) -> list[Row]:
         med = {name: statistics.median(values) for name, values in rates.items()}
         p = f"{processes}x8"
         rows += [
-            _ratio_row(f"full stack {p}", med["ours"], "raw dramatiq", med["raw"], 0.8),
+            _ratio_row(f"full stack {p}", med["ours"], "raw dramatiq", med["raw"], 0.9),
             _ratio_row(f"ledger on {p}", med["ours"], "ledger off", med["ledger-off"], 0.8),
             _ratio_row(
                 f"dj-dramatiq admin {p}", med["admin-mw"], "ledger off", med["ledger-off"], None
             ),
-            _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], 0.9),
+            _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], 0.98),
         ]
     jobs = n * context.runs * (1 if context.quick else 2)
     rows += [_db_cost_row(stacks[name], jobs) for name in ("ours", "admin-mw")]
@@ -235,7 +235,7 @@ def throughput_pg(context: Context) -> list[Row]:
                     rates[name].append(rate)
             raw, ours = (statistics.median(rates[name]) for name in ("raw", "ours"))
             label = f"full stack {processes}x8 (PostgreSQL)"
-            rows.append(_ratio_row(label, ours, "raw dramatiq", raw, 0.8))
+            rows.append(_ratio_row(label, ours, "raw dramatiq", raw, 0.9))
     jobs = n * context.runs * (1 if context.quick else 2)
     return [*rows, _db_cost_row(stacks["ours"], jobs)]
 
@@ -311,8 +311,8 @@ def idle_latency(context: Context) -> list[Row]:
                 "raw dramatiq",
                 base_text,
                 f"{_percentile(base, 0.5) / p50:.0f}x faster",
-                "p50 <= 5, p99 <= 20 ms",
-                p50 <= 5 and p99 <= 20,
+                "p50 <= 2.5, p99 <= 5 ms",
+                p50 <= 2.5 and p99 <= 5,
             )
         )
     return rows
@@ -323,7 +323,7 @@ def idle_latency(context: Context) -> list[Row]:
     "actor.send(): full stack (wake-up token, ledger event) vs raw dramatiq RedisBroker",
     n=5_000,
     quick_n=500,
-    target=0.8,
+    target=0.9,
 )
 def enqueue_single() -> Variants:
     ours = _sender(dramatiq.get_broker())
@@ -388,9 +388,10 @@ def middleware_cost(context: Context) -> list[Row]:
     for stats in timed.stats:
         for name, seconds in stats.get("hook_seconds", {}).items():
             spent[name] = spent.get(name, 0.0) + seconds
-        spent["ledger writer thread"] = spent.get("ledger writer thread", 0.0) + stats.get(
-            "ledger_write_seconds", 0.0
-        )
+        # Elapsed time inside the writer's batch writes (stats.write_seconds),
+        # GIL waits included: an upper bound on the writer's own CPU.
+        writer = "ledger writer (elapsed in writes)"
+        spent[writer] = spent.get(writer, 0.0) + stats.get("ledger_write_seconds", 0.0)
     raw_us = 1e6 / statistics.median(rates["raw"])
     timed_us = 1e6 / statistics.median(rates["timed"])
     rows = [

@@ -24,7 +24,7 @@ return 0
     "redis_lock acquire+release (renewal on) vs raw SET NX PX + Lua release",
     n=5_000,
     quick_n=1_000,
-    target=0.9,
+    target=0.95,
 )
 def lock_cycle() -> Variants:
     client = get_redis_connection("default")
@@ -50,7 +50,7 @@ def lock_cycle() -> Variants:
     "cached() hit (version, value, hit counter: one round trip) vs cache.get",
     n=10_000,
     quick_n=2_000,
-    target=0.9,
+    target=0.95,
 )
 def cache_hit() -> Variants:
     value = {"id": 1, "username": "ada", "email": "ada@example.com", "first_name": "Ada"}
