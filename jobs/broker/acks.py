@@ -56,6 +56,12 @@ GIVE_BACK = "give_back"
 # (consumer, message, "ack", "nack" or "requeue")
 HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
 
+# What an unreachable Redis raises: refused or dropped (ConnectionError), or
+# hung past the socket timeout (TimeoutError, which is not a ConnectionError).
+# The consumer turns both into Dramatiq's ConnectionClosed: any other exception
+# takes Dramatiq's generic branch, whose close() lets it end the consumer thread.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
 
 # Messages whose held ack the consumer does not count against its prefetch. The
 # prefetch bounds what a worker has taken and not yet run; a finished job waiting
@@ -90,7 +96,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep."""
-        message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        try:
+            message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
+        except redis.TimeoutError as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         return message
 
     def _hand_back_strays(self) -> None:
@@ -102,7 +111,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             self.broker.do_requeue(self.queue_name, *redis_ids)
             if self.broker.instant_wakeup:
                 self.broker.wake(self.queue_name, len(redis_ids))
-        except redis.ConnectionError as exc:
+        except UNREACHABLE as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         self.memory.handed_back(settled)
         logger.warning(
@@ -114,7 +123,12 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def requeue(self, messages: Iterable[dramatiq.MessageProxy]) -> None:
         messages = list(messages)
-        super().requeue(messages)  # type: ignore[no-untyped-call]
+        try:
+            super().requeue(messages)  # type: ignore[no-untyped-call]
+        except UNREACHABLE as exc:
+            # (Dramatiq's ConsumerThread.close and Worker.stop expect this one;
+            # delayed messages stay remembered for the thread's next consumer.)
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         for message in messages:  # handed back: no longer this thread's to keep
             self._settled(message)
 
@@ -135,11 +149,9 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if command == "ack":
             super().ack(message)  # type: ignore[no-untyped-call]
             return
-        try:
-            self.requeue([message])
-        except redis.ConnectionError as exc:
-            # Dramatiq's post_process_message tries again until Redis answers.
-            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        # (On a connection error, ConnectionClosed: Dramatiq's
+        # post_process_message tries again until Redis answers.)
+        self.requeue([message])
         self.queued_message_ids.discard(message.message_id)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
@@ -166,10 +178,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
         try:
             # (The wake-up consumer's requeue also wakes idle peers.)
             self.requeue(fetched)
-        except redis.ConnectionError as exc:
+        except ConnectionClosed:
             # Redis is away: this thread's next consumer hands them back.
             self.memory.left.update(m.options["redis_message_id"] for m in fetched)
-            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+            raise
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)

@@ -23,6 +23,7 @@ ledger write either way (``jobs.broker.acks``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +36,8 @@ from dramatiq.errors import ConnectionClosed
 from jobs.broker import replication
 from jobs.broker.acks import HeldAcks, LedgerOrderedConsumer
 from jobs.broker.sentinel import master_client
+
+logger = logging.getLogger(__name__)
 
 # More tokens than idle consumers of one queue are never useful: each wakes one
 # consumer, and a woken consumer fetches up to its prefetch.
@@ -170,7 +173,11 @@ class _WakeupConsumer(LedgerOrderedConsumer):
         messages = list(messages)
         super().requeue(messages)
         if messages:
-            self.broker.wake(self.queue_name, len(messages))
+            try:
+                self.broker.wake(self.queue_name, len(messages))
+            except (redis.ConnectionError, redis.TimeoutError):
+                # Handed back already: a lost wake-up only costs a poll.
+                logger.warning("Could not wake consumers of %s", self.queue_name)
 
     def _next(self) -> dramatiq.MessageProxy | None:
         stock_next: Callable[[], dramatiq.MessageProxy | None] = super()._next
@@ -189,5 +196,5 @@ class _WakeupConsumer(LedgerOrderedConsumer):
             wait_ms = max(1, min(backoff_ms, self.max_wait_ms))
             self.broker.client.blpop([self.wake_key], timeout=wait_ms / 1000)
             return None
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
