@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +39,7 @@ from dramatiq.brokers.redis import _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from jobs.broker import strays
+from jobs.broker.scripts import LuaScript
 from jobs.ledger import writer as ledger
 
 if TYPE_CHECKING:
@@ -50,8 +52,45 @@ logger = logging.getLogger(__name__)
 _WARN_EVERY = 10.0
 
 # The message option that turns a message's ack into a requeue: it ran, failed,
-# and its retry never reached Redis, so the message itself must go back.
+# and its retry never reached Redis, so the message itself must go back. Its
+# value is a token naming this one give-back (``give_back_token``).
 GIVE_BACK = "give_back"
+# How long a give-back's token outlives it: longer than any wait for Redis.
+GIVE_BACK_MARK_MS = 24 * 3600 * 1000
+
+# dispatch.lua's requeue, made safe to send again. A give-back is a held ack,
+# sent again whenever its reply is lost; by then this worker may have fetched
+# the message back (it is in the ack set again, running), and a plain requeue
+# would push it onto its queue a second time. The token is set with the
+# requeue, in the same script: a second sending finds it and does nothing.
+# KEYS: namespace, token key. ARGV: queue name, broker id, redis message id.
+_GIVE_BACK = LuaScript("""
+if not redis.call("set", KEYS[2], 1, "NX", "PX", ARGV[4]) then
+  return 0
+end
+local queue = KEYS[1] .. ":" .. ARGV[1]
+if redis.call("srem", KEYS[1] .. ":__acks__." .. ARGV[2] .. "." .. ARGV[1], ARGV[3]) > 0 then
+  if redis.call("hexists", queue .. ".msgs", ARGV[3]) == 1 then
+    redis.call("rpush", queue, ARGV[3])
+  end
+end
+return 1
+""")
+
+
+def give_back_token() -> str:
+    """The value of ``GIVE_BACK`` for one give-back of a message."""
+    return secrets.token_hex(8)
+
+
+def _give_back_keys(namespace: str, message: dramatiq.MessageProxy) -> list[str]:
+    return [namespace, f"{namespace}:__given_back__.{message.options[GIVE_BACK]}"]
+
+
+def _give_back_args(broker: Any, queue_name: str, message: dramatiq.MessageProxy) -> list[Any]:
+    redis_id = message.options["redis_message_id"]
+    return [queue_name, broker.broker_id, redis_id, GIVE_BACK_MARK_MS]
+
 
 # (consumer, message, "ack", "nack" or "requeue")
 HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
@@ -151,7 +190,17 @@ class LedgerOrderedConsumer(_RedisConsumer):
             return
         # (On a connection error, ConnectionClosed: Dramatiq's
         # post_process_message tries again until Redis answers.)
-        self.requeue([message])
+        try:
+            _GIVE_BACK(
+                self.broker.client,
+                _give_back_keys(self.broker.namespace, message),
+                _give_back_args(self.broker, self.queue_name, message),
+            )
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        if self.broker.instant_wakeup:
+            with contextlib.suppress(redis.RedisError):
+                self.broker.wake(self.queue_name)
         self.queued_message_ids.discard(message.message_id)
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
@@ -209,8 +258,9 @@ class HeldAcks:
                 self._dispatch_all(held)
             except redis.exceptions.NoScriptError:
                 # A restarted (or newly promoted) Redis lost its script cache. An
-                # ack or nack sent twice changes nothing the second time.
+                # ack, a nack or a give-back sent twice changes nothing the second time.
                 self.client.script_load(self.scripts["dispatch"].script)
+                self.client.script_load(_GIVE_BACK.source)
                 self._dispatch_all(held)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             now = time.monotonic()
@@ -228,6 +278,11 @@ class HeldAcks:
         for consumer, message, command in held:
             # The consumer's queue, not the message's: a delayed message is
             # acked on the delay queue it came from (as _RedisConsumer.ack does).
+            if command == "requeue":
+                keys = _give_back_keys(self.namespace, message)
+                args = _give_back_args(self, consumer.queue_name, message)
+                pipe.evalsha(_GIVE_BACK.sha, len(keys), *keys, *args)
+                continue
             args = self._dispatch_args(
                 command, consumer.queue_name, message.options["redis_message_id"]
             )

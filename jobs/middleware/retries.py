@@ -41,7 +41,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
 from jobs.broker import replication
-from jobs.broker.acks import GIVE_BACK
+from jobs.broker.acks import GIVE_BACK, give_back_token
 from jobs.errors import DEFERRALS, is_deferral, is_permanent
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Retries(stock.Retries):
                 message.message_id,
                 exc,
             )
-            message.options[GIVE_BACK] = True
+            message.options[GIVE_BACK] = give_back_token()
 
     def _retry(self, broker: Broker, message: MessageProxy, exception: BaseException) -> None:
         if is_deferral(exception):

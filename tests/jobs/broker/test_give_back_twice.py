@@ -8,7 +8,8 @@ same worker fetched the message back. The reply is lost here by a stub around
 the real pipeline (as when a connection drops after Redis ran the commands);
 the second run is kept in flight for a second so the retried requeue finds it.
 
-Marked xfail(strict) until fixed: it fails (3 runs) on review5 at a5894cf.
+It failed (3 runs) on review5 at a5894cf; the give-back now sets a token with
+its requeue, in one script, so a second sending does nothing (acks._GIVE_BACK).
 
 Run: bin/test tests/jobs/broker/test_give_back_twice.py
 """
@@ -36,9 +37,6 @@ def fails_once_then_slow() -> None:
     time.sleep(1.5)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="review finding: a retried give-back requeue re-pushes a re-fetched message"
-)
 def test_a_give_back_whose_reply_is_lost_does_not_run_the_job_twice(broker, settings, monkeypatch):
     settings.JOBS_LEDGER_FLUSH_MS = 200
     runs.clear()
