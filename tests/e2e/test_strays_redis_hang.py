@@ -20,14 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import dramatiq
 import pytest
-from dramatiq.brokers.redis import RedisBroker
 
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 from tests.e2e.test_crash_safety import wait_until
-from tests.e2e.test_strays_redis_restart import DELAY_MS, JOBS, READY, held_in_delay_queue, starts
+from tests.e2e.test_strays_redis_restart import JOBS, hold_delayed_jobs, starts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 HANG_S = 25  # more than two socket timeouts: the fetch's, then the hand-back's
@@ -38,17 +36,8 @@ def test_delayed_jobs_a_worker_holds_run_after_redis_hangs(
 ) -> None:
     redis = RedisServer(free_port(), tmp_path / "redis").start()
     try:
-        producer = RedisBroker(url=redis.url)  # type: ignore[no-untyped-call]
-        worker = start_worker(env={"REDIS_URL": redis.url}, threads=2, queues=("long",))
-        worker.wait_for_log(READY)
-        # Given delayed jobs the worker took and keeps in memory until they are due
-        for n in range(JOBS):
-            message: dramatiq.Message[Any] = dramatiq.Message(
-                queue_name="long", actor_name="long_job", args=(f"delayed-{n}", 0),
-                kwargs={}, options={},
-            )  # fmt: skip
-            producer.enqueue(message, delay=DELAY_MS)
-        wait_until(lambda: held_in_delay_queue(producer) == JOBS, timeout=10)
+        # Given delayed jobs a worker took and keeps in memory until they are due
+        producer, worker = hold_delayed_jobs(start_worker, redis)
 
         # When Redis hangs (stops answering) for a while, then answers again
         assert redis.process is not None

@@ -38,22 +38,28 @@ def starts(producer: RedisBroker) -> list[int]:
     return [int(producer.client.get(f"long-job:delayed-{n}:starts") or 0) for n in range(JOBS)]
 
 
+def hold_delayed_jobs(start_worker: Any, redis: RedisServer) -> tuple[RedisBroker, Any]:
+    """A worker on ``redis`` that took JOBS delayed jobs, not due yet: (producer, worker)."""
+    producer = RedisBroker(url=redis.url)  # type: ignore[no-untyped-call]
+    worker = start_worker(env={"REDIS_URL": redis.url}, threads=2, queues=("long",))
+    worker.wait_for_log(READY)
+    for n in range(JOBS):
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name="long", actor_name="long_job", args=(f"delayed-{n}", 0),
+            kwargs={}, options={},
+        )  # fmt: skip
+        producer.enqueue(message, delay=DELAY_MS)
+    wait_until(lambda: held_in_delay_queue(producer) == JOBS, timeout=10)
+    return producer, worker
+
+
 def test_delayed_jobs_a_worker_holds_run_after_a_redis_restart(
     start_worker: Any, tmp_path: Path
 ) -> None:
     redis = RedisServer(free_port(), tmp_path / "redis").start()
     try:
-        producer = RedisBroker(url=redis.url)  # type: ignore[no-untyped-call]
-        worker = start_worker(env={"REDIS_URL": redis.url}, threads=2, queues=("long",))
-        worker.wait_for_log(READY)
-        # Given delayed jobs the worker took and keeps in memory until they are due
-        for n in range(JOBS):
-            message: dramatiq.Message[Any] = dramatiq.Message(
-                queue_name="long", actor_name="long_job", args=(f"delayed-{n}", 0),
-                kwargs={}, options={},
-            )  # fmt: skip
-            producer.enqueue(message, delay=DELAY_MS)
-        wait_until(lambda: held_in_delay_queue(producer) == JOBS, timeout=10)
+        # Given delayed jobs a worker took and keeps in memory until they are due
+        producer, worker = hold_delayed_jobs(start_worker, redis)
 
         # When Redis restarts before they are due
         redis.stop()

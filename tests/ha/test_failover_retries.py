@@ -40,6 +40,27 @@ def enqueue(
     return producer.enqueue(message)
 
 
+def ran_again(replica: Any, key: str, message: dramatiq.Message[Any], worker: Any) -> Job:
+    """Wait for the gated job ``key`` to run on the promoted replica, print what
+    the new primary holds, assert it ran once; its ledger row."""
+
+    def ran() -> bool:
+        return replica.get(f"gated-job:{key}:runs") is not None
+
+    with contextlib.suppress(AssertionError):  # the figures below say what happened
+        wait_until(ran, timeout=40, every=0.5)
+    row = Job.objects.get(message_id=message.message_id)
+    left = {
+        "queue": replica.lrange("dramatiq:long", 0, -1),
+        "msgs": replica.hlen("dramatiq:long.msgs"),
+        "delayed": replica.hlen("dramatiq:long.DQ.msgs"),
+        "acks": {k: replica.smembers(k) for k in replica.keys("dramatiq:__acks__.*")},
+    }
+    print(f"\nledger row {row.state} after {row.attempts} attempt(s); on the new primary: {left}")
+    assert replica.get(f"gated-job:{key}:runs") == b"1", (row.state, left, worker.log()[-4000:])
+    return row
+
+
 @pytest.mark.timeout(180)
 def test_it_retries_a_job_that_failed_while_redis_failed_over(
     sentinel_cluster: SentinelCluster, start_worker: Any, tmp_path: Path
@@ -68,20 +89,7 @@ def test_it_retries_a_job_that_failed_while_redis_failed_over(
     cluster.wait_until_sentinels_agree(cluster.replica.port, timeout=60)
 
     # Then the job runs again on the promoted replica and succeeds
-    def ran() -> bool:
-        return replica.get("gated-job:failover:runs") is not None
-
-    with contextlib.suppress(AssertionError):  # the figures below say what happened
-        wait_until(ran, timeout=40, every=0.5)
-    row = Job.objects.get(message_id=message.message_id)
-    left = {
-        "queue": replica.lrange("dramatiq:long", 0, -1),
-        "msgs": replica.hlen("dramatiq:long.msgs"),
-        "delayed": replica.hlen("dramatiq:long.DQ.msgs"),
-        "acks": {k: replica.smembers(k) for k in replica.keys("dramatiq:__acks__.*")},
-    }
-    print(f"\nledger row {row.state} after {row.attempts} attempt(s); on the new primary: {left}")
-    assert replica.get("gated-job:failover:runs") == b"1", (row.state, left, worker.log()[-4000:])
+    row = ran_again(replica, "failover", message, worker)
     assert row.state == "succeeded"
 
 
@@ -116,18 +124,5 @@ def test_a_retry_the_dying_primary_took_is_not_lost(
 
     # Then the job runs again on the promoted replica (which never got the retry)
     # and succeeds: the retry was never confirmed, so the message went back
-    def ran() -> bool:
-        return replica.get("gated-job:retry:runs") is not None
-
-    with contextlib.suppress(AssertionError):  # the figures below say what happened
-        wait_until(ran, timeout=40, every=0.5)
-    row = Job.objects.get(message_id=message.message_id)
-    left = {
-        "queue": replica.lrange("dramatiq:long", 0, -1),
-        "msgs": replica.hlen("dramatiq:long.msgs"),
-        "delayed": replica.hlen("dramatiq:long.DQ.msgs"),
-        "acks": {k: replica.smembers(k) for k in replica.keys("dramatiq:__acks__.*")},
-    }
-    print(f"\nledger row {row.state} after {row.attempts} attempt(s); on the new primary: {left}")
-    assert replica.get("gated-job:retry:runs") == b"1", (row.state, left, worker.log()[-4000:])
+    row = ran_again(replica, "retry", message, worker)
     wait_until(lambda: Job.objects.get(pk=row.pk).state == "succeeded", timeout=10)

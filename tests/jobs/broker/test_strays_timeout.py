@@ -23,6 +23,8 @@ import dramatiq
 import pytest
 import redis
 
+from tests.e2e.test_crash_safety import wait_until
+
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "strays-timeout"
 dramatiq.get_broker().declare_queue(QUEUE)
@@ -34,15 +36,6 @@ def delayed_job(key: str) -> None:
     runs.append(key)
 
 
-def wait_until(predicate: Any, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("not reached")
-
-
 def test_a_redis_timeout_does_not_end_the_delay_queue_consumer(broker, monkeypatch):
     runs.clear()
     worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=1, queues={QUEUE})
@@ -50,7 +43,7 @@ def test_a_redis_timeout_does_not_end_the_delay_queue_consumer(broker, monkeypat
     try:
         delayed_job.send_with_options(args=("soon",), delay=2500)
         acks = f"{broker.namespace}:__acks__.{broker.broker_id}.{QUEUE}.DQ"
-        wait_until(lambda: broker.client.scard(acks) == 1)
+        wait_until(lambda: broker.client.scard(acks) == 1, timeout=15, every=0.05)
         consumer_thread = worker.consumers[f"{QUEUE}.DQ"]
 
         # Redis hangs for a moment: each fetch and hand-back times out
@@ -64,7 +57,7 @@ def test_a_redis_timeout_does_not_end_the_delay_queue_consumer(broker, monkeypat
 
         # Then the delay-queue consumer lives on and the job runs once it is due
         assert consumer_thread.is_alive(), "the delay-queue consumer thread ended"
-        wait_until(lambda: runs == ["soon"])
+        wait_until(lambda: runs == ["soon"], timeout=15, every=0.05)
     finally:
         monkeypatch.undo()
         worker.stop()
