@@ -196,7 +196,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 _give_back_keys(self.broker.namespace, message),
                 _give_back_args(self.broker, self.queue_name, message),
             )
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         if self.broker.instant_wakeup:
             with contextlib.suppress(redis.RedisError):
@@ -262,7 +262,7 @@ class HeldAcks:
                 self.client.script_load(self.scripts["dispatch"].script)
                 self.client.script_load(_GIVE_BACK.source)
                 self._dispatch_all(held)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             now = time.monotonic()
             if now - HeldAcks._last_warning > _WARN_EVERY:
                 HeldAcks._last_warning = now

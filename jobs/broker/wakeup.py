@@ -34,7 +34,7 @@ from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import replication
-from jobs.broker.acks import HeldAcks, LedgerOrderedConsumer
+from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.sentinel import master_client
 
 logger = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class _WakeupConsumer(LedgerOrderedConsumer):
         if messages:
             try:
                 self.broker.wake(self.queue_name, len(messages))
-            except (redis.ConnectionError, redis.TimeoutError):
+            except UNREACHABLE:
                 # Handed back already: a lost wake-up only costs a poll.
                 logger.warning("Could not wake consumers of %s", self.queue_name)
 
@@ -196,5 +196,5 @@ class _WakeupConsumer(LedgerOrderedConsumer):
             wait_ms = max(1, min(backoff_ms, self.max_wait_ms))
             self.broker.client.blpop([self.wake_key], timeout=wait_ms / 1000)
             return None
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNREACHABLE as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
