@@ -37,11 +37,11 @@ import dramatiq
 from django.conf import settings
 from django.core.cache import caches
 from django.db import transaction
-from django_redis import get_redis_connection
 from redis import Redis
 from redis.exceptions import RedisError
 
 from jobs.broker.scripts import LuaScript
+from jobs.consistency.connection import default_redis
 from jobs.consistency.dedup import send_unique
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ _counters = _Counters()
 
 
 def _client() -> Redis:
-    return cast(Redis, get_redis_connection("default"))
+    return default_redis()
 
 
 def _codec() -> Any:

@@ -288,7 +288,9 @@ def stale_locks() -> list[Finding]:
     findings = []
     max_age_ms = settings.WATCHDOG_LOCK_MAX_AGE_S * 1000
     seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros // 1000  # the clock the lock values were written with
+    # Lock values carry their holder's wall clock; Redis's is the one clock every
+    # host's watchdog sees alike. Hosts run NTP: skew is far below the threshold.
+    now_ms = seconds * 1000 + micros // 1000
     for raw_key in client.scan_iter(match=f"{LOCK_PREFIX}*", count=500):
         key = raw_key.decode()
         if key.endswith(":fence"):

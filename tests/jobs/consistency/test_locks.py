@@ -116,6 +116,42 @@ def test_it_lets_the_fence_counter_expire_and_a_new_counter_still_fences_old_hol
     assert client.get("report:daily:body") == b"second"
 
 
+def test_a_lock_that_never_fences_issues_no_token_and_an_acquire_is_one_set() -> None:
+    client = get_redis_connection("default")
+    client.config_resetstat()
+    # When a holder takes and leaves a lock without asking for its fencing token
+    with redis_lock("unfenced", ttl=5, renew=False) as lock:
+        value = client.get(lock.key)
+    # Then the acquire was one SET (no script), and no fence counter was touched
+    calls = {k: v["calls"] for k, v in client.info("commandstats").items()}
+    assert calls.get("cmdstat_set") == 1
+    assert "cmdstat_incr" not in calls
+    assert client.exists("lock:unfenced:fence") == 0
+    # And the key told the watchdog when it was taken (ms, the holder's wall clock)
+    token, _, since = value.decode().rpartition("@")
+    assert token == lock.token.rpartition("@")[0]
+    assert abs(int(since) - time.time() * 1000) < 5_000
+
+
+def test_a_holder_asking_for_its_fence_after_losing_the_lock_gets_0_and_learns_it() -> None:
+    client = get_redis_connection("default")
+    lost_before = stats.snapshot()["lost"]
+    # Given holder A whose lock expired before it asked for a fencing token, and B
+    # who took the lock since and wrote with its token
+    with pytest.raises(LockLost), redis_lock("late-fence", ttl=0.3, renew=False) as first:  # noqa: PT012
+        time.sleep(0.4)
+        with redis_lock("late-fence", ttl=5, wait=0) as second:
+            assert second.fenced_set("late-fence:body", "from B")
+            # When A asks for its token now
+            # Then it gets 0, below every token issued, and its write is refused
+            assert first.fencing_token == 0
+            assert not first.fenced_set("late-fence:body", "from A")
+            # And A is told its lock is gone (by the token script, not only the clock)
+            assert first._lost
+    assert client.get("late-fence:body") == b"from B"
+    assert stats.snapshot()["lost"] == lost_before + 1
+
+
 def test_renewal_keeps_a_lock_for_three_times_its_ttl_and_without_it_the_lock_is_lost() -> None:
     def others_got_it(name: str, until: float) -> bool:
         while time.monotonic() < until:

@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dramatiq
@@ -115,6 +117,35 @@ def test_cache_and_lock_metrics_move_when_the_toolkit_is_used(client: Client) ->
     )
     assert waits == 1
     assert waited >= 0.2  # it waited for the other holder's 300 ms lock
+
+
+def test_lock_acquisitions_and_held_locks_reach_the_scrape_within_a_flush_interval(
+    client: Client,
+) -> None:
+    # The hot path only counts in memory; a thread of this process writes the
+    # figures to its metrics files once a second (LockStats.FLUSH_INTERVAL).
+    def settled(check: Callable[[str], bool]) -> str:
+        deadline = time.monotonic() + 5
+        while True:
+            text = scrape(client)
+            if check(text) or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
+
+    before = scrape(client)
+    count_before = value(before, "jobs_lock_wait_seconds_count")
+    fast_before = value(before, "jobs_lock_wait_seconds_bucket", le="0.001")
+    held_before = value(before, "jobs_locks_held")
+    for n in range(50):
+        with redis_lock(f"metrics-flush-{n}", ttl=5, wait=0):
+            pass
+    with redis_lock("metrics-flush-held", ttl=5, wait=0):
+        text = settled(lambda t: value(t, "jobs_locks_held") == held_before + 1)
+        assert value(text, "jobs_locks_held") == held_before + 1
+        assert value(text, "jobs_lock_wait_seconds_count") == count_before + 51
+        assert value(text, "jobs_lock_wait_seconds_bucket", le="0.001") == fast_before + 51
+    text = settled(lambda t: value(t, "jobs_locks_held") == held_before)
+    assert value(text, "jobs_locks_held") == held_before
 
 
 def test_metrics_are_refused_without_the_token_outside_debug(client: Client, settings) -> None:
