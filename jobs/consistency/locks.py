@@ -1,6 +1,7 @@
 """Redis locks with owner tokens, renewal, fencing and a bounded wait.
 
     with redis_lock(f"report:{day}", ttl=60, wait=10) as lock:
+        fence = lock.fencing_token       # issued while the lock is surely ours
         build_report(day)
         lock.check()                     # raises LockLost if the lock slipped away
         lock.fenced_set("report:latest", day)
@@ -13,11 +14,11 @@
   only if the caller still holds the lock. Tokens are therefore given out in
   the order of the holdings they belong to: every holder that asks gets a larger
   token than any holder before it, and a holder asking after its lock slipped
-  away gets 0 (below every token) and learns the lock is lost. Counters start
-  from Redis's clock in microseconds, so one that expired after a week unused
-  starts again above its old tokens. Most locks never fence, and an acquire
-  that also incremented a counter cost a Lua script per lock (about 10 us, 4%
-  of an uncontended cycle).
+  away (or after its block ended) gets ``LockLost`` instead of a token, so it
+  can write nothing fenced. Counters start from Redis's clock in microseconds,
+  so one that expired after a week unused starts again above its old tokens.
+  Most locks never fence, and an acquire that also incremented a counter cost a
+  Lua script per lock (about 10 us, 4% of an uncontended cycle).
 - Release is a Lua compare-and-delete on the token: a worker never deletes a lock
   another worker took after its own expired.
 - ``renew=True`` (the default) hands the lock to one watchdog thread per process
@@ -31,9 +32,7 @@
 
 Fencing a database write with the token (a stale holder updates nothing):
 
-    Report.objects.filter(pk=pk, fence__lte=lock.fencing_token).update(
-        body=body, fence=lock.fencing_token
-    )
+    Report.objects.filter(pk=pk, fence__lte=fence).update(body=body, fence=fence)
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ import atexit
 import heapq
 import itertools
 import logging
+import os
 import random
 import secrets
 import threading
@@ -93,6 +93,8 @@ end
 redis.call('pexpire', KEYS[2], ARGV[2])
 return fence
 """)
+_FENCE_MUTEX = threading.Lock()
+
 # KEYS: lock key. ARGV: token. 1 if this token held the lock, else 0.
 _RELEASE = LuaScript("""
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -110,8 +112,8 @@ return 0
 # KEYS: data key, its fence key. ARGV: value, fencing token.
 # Writes only if no larger token has written before (equal: the same holder again).
 _FENCED_SET = LuaScript("""
-local last = tonumber(redis.call('get', KEYS[2]) or '-1')
-if tonumber(ARGV[2]) < last then
+local last = tonumber(redis.call('get', KEYS[2]) or '0')
+if tonumber(ARGV[2]) <= 0 or tonumber(ARGV[2]) < last then
   return 0
 end
 redis.call('set', KEYS[2], ARGV[2])
@@ -156,6 +158,10 @@ class LockStats:
         self._unflushed_no_waits = 0
         self._flushed_held = 0
         self._flusher: threading.Thread | None = None
+        self._exit_flush_registered = False
+        # Bumped in a forked child: a lock taken before the fork is not one the
+        # child holds, so its release there does not count (see released()).
+        self.generation = 0
 
     def add(self, **deltas: float) -> None:
         with self._mutex:
@@ -166,7 +172,8 @@ class LockStats:
         if "lost" in deltas:
             metrics.LOCKS_LOST.inc(deltas["lost"])
 
-    def acquired(self, waited: float) -> None:
+    def acquired(self, waited: float) -> int:
+        """Count an acquisition; returns the generation its release must match."""
         values = self._values
         with self._mutex:
             values.acquired += 1
@@ -178,11 +185,13 @@ class LockStats:
                 self._unflushed_no_waits += 1
         if waited:
             metrics.LOCK_WAIT.observe(waited)
-        flusher = self._flusher
-        if flusher is None or not flusher.is_alive():  # first lock, or forked since
+        if self._flusher is None:  # the first lock of this process
             self._start_flusher()
+        return self.generation
 
-    def released(self) -> None:
+    def released(self, generation: int) -> None:
+        if generation != self.generation:
+            return  # taken by the parent before a fork: never counted here
         with self._mutex:
             self._values.held -= 1
 
@@ -198,19 +207,29 @@ class LockStats:
         if no_waits:
             # Histogram has no public "observe n times"; observe(0) n times would
             # be n locked writes again. A zero wait belongs in the first bucket
-            # and adds 0 to the sum (tests/jobs/consistency/test_lock_metrics.py
+            # and adds 0 to the sum (tests/jobs/observability/test_metrics.py
             # checks the exposed _count and _bucket lines).
             metrics.LOCK_WAIT._buckets[0].inc(no_waits)
         if held != self._flushed_held:
             metrics.LOCKS_HELD.set(held)
             self._flushed_held = held
 
+    def after_fork_in_child(self) -> None:
+        """Start from nothing: the parent flushes its own counts, holds its own locks."""
+        self._mutex = threading.Lock()  # the parent's may have been held at the fork
+        self._values.held = 0
+        self._unflushed_no_waits = 0
+        self._flushed_held = 0
+        self._flusher = None  # threads do not survive a fork
+        self.generation += 1
+
     def _start_flusher(self) -> None:
         with self._mutex:
-            if self._flusher is not None and self._flusher.is_alive():
+            if self._flusher is not None:
                 return
-            if self._flusher is None:
+            if not self._exit_flush_registered:
                 atexit.register(self.flush)
+                self._exit_flush_registered = True
             self._flusher = threading.Thread(target=self._run, name="lock-metrics", daemon=True)
             self._flusher.start()
 
@@ -224,6 +243,7 @@ class LockStats:
 
 
 stats = LockStats()
+os.register_at_fork(after_in_child=stats.after_fork_in_child)
 
 
 class RedisLock:
@@ -273,18 +293,34 @@ class RedisLock:
 
     @property
     def fencing_token(self) -> int:
-        """This holding's fencing token, issued on first use; 0 if the lock was lost first."""
-        if self._fence is None:
-            if self._released or self._lost:
-                return 0  # not issued while held: below every token, fences nothing
-            fence_ttl_ms = max(FENCE_TTL_MS, 10 * self.ttl_ms)
-            keys = [self.key, self.key + ":fence"]
-            fence = int(_ISSUE_FENCE(self.client, keys, [self.token, fence_ttl_ms]))
-            if not fence:
-                self._mark_lost()
-                return 0
-            self._fence = fence
-        return self._fence
+        """This holding's fencing token, issued on first use.
+
+        Raises ``LockLost`` if the lock slipped away (or the block ended) before
+        the token was asked for: a token issued then could be larger than the
+        next holder's, and 0 would still pass a check against a key or row no
+        holder has fenced yet.
+        """
+        fence = self._fence
+        if fence is None:
+            # One token per holding, even if two threads of the holder ask at once.
+            with _FENCE_MUTEX:
+                fence = self._fence
+                if fence is None:
+                    fence = self._fence = self._issue_fence()
+        return fence
+
+    def _issue_fence(self) -> int:
+        if self._released:
+            raise LockLost(f"lock {self.name!r} was released before its fencing token was issued")
+        if self._lost:
+            raise LockLost(f"lock {self.name!r} was lost before its fencing token was issued")
+        fence_ttl_ms = max(FENCE_TTL_MS, 10 * self.ttl_ms)
+        keys = [self.key, self.key + ":fence"]
+        fence = int(_ISSUE_FENCE(self.client, keys, [self.token, fence_ttl_ms]))
+        if not fence:
+            self._mark_lost()
+            raise LockLost(f"lock {self.name!r} was lost before its fencing token was issued")
+        return fence
 
     @property
     def key(self) -> str:
@@ -326,6 +362,8 @@ def held_since_ms(value: bytes | str) -> int | None:
 
 def fenced_set(client: Redis, key: str, value: str | bytes | int, fencing_token: int) -> bool:
     """Atomically write ``key`` only if ``fencing_token`` >= the last token that wrote it."""
+    if fencing_token <= 0:
+        return False  # not a token redis_lock issues
     return bool(_FENCED_SET(client, [key, f"{key}:fence"], [value, fencing_token]))
 
 
@@ -448,9 +486,20 @@ def redis_lock(
 class _LockBlock:
     """``with redis_lock(...) as lock``: a class, not a generator context manager,
     because the generator's frame and its send/throw machinery cost a few us per
-    cycle on a path whose baseline is two Redis round trips."""
+    cycle on a path whose baseline is two Redis round trips. Like the generator
+    it replaces, it is good for one ``with``: entering it again raises, so two
+    threads sharing one object cannot release each other's holdings."""
 
-    __slots__ = ("_client", "_lock", "_name", "_renew", "_ttl_ms", "_wait")
+    __slots__ = (
+        "_client",
+        "_entered",
+        "_generation",
+        "_lock",
+        "_name",
+        "_renew",
+        "_ttl_ms",
+        "_wait",
+    )
 
     def __init__(
         self, name: str, ttl: float, wait: float, renew: bool, client: Redis | None
@@ -461,15 +510,20 @@ class _LockBlock:
         self._renew = renew
         self._client = client
         self._lock: RedisLock | None = None
+        self._entered = False
+        self._generation = 0
 
     def __enter__(self) -> RedisLock:
+        if self._entered:
+            raise RuntimeError("a redis_lock(...) object is good for one with-block; call it again")
+        self._entered = True
         client = self._client if self._client is not None else default_redis()
         name, ttl_ms = self._name, self._ttl_ms
         # The owner token is what the key holds: the random part and the acquisition time.
         token, waited, sent_at = _acquire(client, name, secrets.token_hex(16), ttl_ms, self._wait)
         lock = RedisLock(name, token, ttl_ms, waited, client, self._renew, sent_at + ttl_ms / 1000)
         self._lock = lock
-        stats.acquired(waited)
+        self._generation = stats.acquired(waited)
         if waited:
             _log_wait(name, waited)
         if self._renew:
@@ -481,7 +535,7 @@ class _LockBlock:
         assert lock is not None, "__exit__ without __enter__"
         if self._renew:
             _watchdog.unwatch(lock)
-        stats.released()
+        stats.released(self._generation)
         released = _release(lock)
         lock._released = True
         if not released and exc_type is None:

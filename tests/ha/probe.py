@@ -37,6 +37,8 @@ def one_round(n: int) -> None:
         raise AssertionError("cached() returned a different value")
     with redis_lock("probe", ttl=5, wait=2) as lock:
         lock.check()
+        if lock.fencing_token <= 0:  # issued by a script on the primary (its fence key)
+            raise AssertionError("no fencing token")
     if not claim_tick("probe", datetime.fromtimestamp(n / 1000, tz=UTC)):
         raise AssertionError("a fresh tick was already claimed")
     redis_broker().client.ping()
