@@ -371,18 +371,25 @@ class _Watchdog:
     """One daemon thread per process renewing every held lock at ~1/3 of its TTL."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self.after_fork_in_child()
+
+    def after_fork_in_child(self) -> None:
+        """A fresh, empty watchdog: threads do not survive a fork, held locks stay the parent's."""
+        # watch() and unwatch() run on every lock cycle: they take the bare lock
+        # (a C call), not the Condition's Python-level __enter__ around it.
+        self._mutex = threading.Lock()
+        self._cond = threading.Condition(self._mutex)
         self._heap: list[tuple[float, int, RedisLock]] = []
         self._active: set[RedisLock] = set()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
 
     def watch(self, lock: RedisLock) -> None:
-        with self._cond:
+        with self._mutex:
             self._active.add(lock)
             earliest = self._heap[0][0] if self._heap else None
             due = self._push(lock)
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="lock-watchdog", daemon=True)
                 self._thread.start()
             # Wake the thread only if it sleeps past this lock's renewal: waking
@@ -391,7 +398,7 @@ class _Watchdog:
                 self._cond.notify()
 
     def unwatch(self, lock: RedisLock) -> None:
-        with self._cond:
+        with self._mutex:
             self._active.discard(lock)  # its heap entry is skipped when due
 
     def _push(self, lock: RedisLock) -> float:
@@ -429,6 +436,7 @@ class _Watchdog:
 
 
 _watchdog = _Watchdog()
+os.register_at_fork(after_in_child=_watchdog.after_fork_in_child)
 
 
 def _wait_warning_seconds() -> float:

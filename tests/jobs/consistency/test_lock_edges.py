@@ -140,3 +140,23 @@ def test_an_exception_in_the_block_is_not_masked_by_lock_lost_and_the_lock_is_re
         key = lock.key
         raise KeyError("x")
     assert client.exists(key) == 0
+
+
+def test_a_forked_child_renews_its_own_locks() -> None:
+    # Given a parent whose renewal thread is running (it renewed a lock before)
+    with redis_lock("edge-fork-renew-parent", ttl=0.3) as lock:
+        time.sleep(0.2)
+        lock.check()
+
+    # When a forked child (threads do not survive a fork) holds a lock past its TTL
+    def child() -> dict[str, Any]:
+        try:
+            with redis_lock("edge-fork-renew-child", ttl=0.3) as held:
+                time.sleep(0.9)
+                held.check()
+        except LockLost:
+            return {"kept": False}
+        return {"kept": True}
+
+    # Then its own renewal thread kept it
+    assert _in_child(child) == {"kept": True}
