@@ -36,6 +36,7 @@ from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import replication
 from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
+from jobs.broker.hooks import QuietHooks
 from jobs.broker.sentinel import master_client
 
 logger = logging.getLogger(__name__)
@@ -63,15 +64,15 @@ def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
 
 
-class WakeupRedisBroker(HeldAcks, RedisBroker):
+class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
     """RedisBroker + wake-up tokens + acks that follow the ledger write
-    (``jobs.broker.acks``). ``instant_wakeup=False`` polls like the stock broker."""
+    (``jobs.broker.acks``) + hooks called only where defined
+    (``jobs.broker.hooks``). ``instant_wakeup=False`` polls like the stock broker."""
 
     # Read by the ledger middleware: our consumers hold acks, no thread waits.
     acks_after_ledger = True
     # Read by the Payloads middleware: enqueue() hands it the encoded message.
     calls_check_encoded = True
-    _checks_cache: tuple[list[Any], list[Any]] = ([], [])
 
     def __init__(
         self,
@@ -115,21 +116,11 @@ class WakeupRedisBroker(HeldAcks, RedisBroker):
         self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, queue_name)
         self.emit_before("enqueue", message, delay)
         data = message.encode()
-        for middleware in self._encoded_checks():
-            middleware.check_encoded(self, message, data)
+        for middleware in self._handlers("check_encoded"):
+            middleware.check_encoded(self, message, data)  # type: ignore[attr-defined]
         self.do_enqueue(queue_name, message.options["redis_message_id"], data)
         self.emit_after("enqueue", message, delay)
         return message
-
-    def _encoded_checks(self) -> list[Any]:
-        # Looked up again whenever the middleware list changed (tests add and
-        # remove middleware in place); one tuple, so no thread sees half of it.
-        seen, checks = self._checks_cache
-        if seen != self.middleware:
-            seen = list(self.middleware)
-            checks = [m for m in seen if callable(getattr(m, "check_encoded", None))]
-            self._checks_cache = (seen, checks)
-        return checks
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
         """Dramatiq's ``enqueue`` dispatch and the wake-up token in one command
