@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import dramatiq
@@ -68,14 +69,16 @@ def _producer_size(message: dramatiq.Message[Any], data: bytes) -> int:
     # Dramatiq's JSON is compact: the options object is its `"key":value`
     # pairs joined by commas, so leaving the delivery ones out takes exactly
     # their own bytes and one comma each (one fewer if nothing is left).
-    pairs = sum(len(_compact_json({key: message.options[key]})) - 2 for key in delivery)
+    pairs = sum(_pair_size(key, message.options[key]) for key in delivery)
     commas = len(delivery) if len(message.options) > len(delivery) else len(delivery) - 1
     return len(data) - pairs - commas
 
 
-def _compact_json(value: Any) -> bytes:
-    # As dramatiq.encoder.JSONEncoder writes it.
-    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+def _pair_size(key: str, value: Any) -> int:
+    """Bytes of ``"key":value`` as dramatiq.encoder.JSONEncoder writes it (ASCII)."""
+    if type(value) is str:  # the broker's message id, a traceback: the C escaper
+        return len(encode_basestring_ascii(key)) + 1 + len(encode_basestring_ascii(value))
+    return len(json.dumps({key: value}, separators=(",", ":")).encode("utf-8")) - 2
 
 
 def _refuse_oversize(message: dramatiq.Message[Any], size: int) -> None:
