@@ -95,9 +95,6 @@ class Event:
     # The objects the message's arguments name (``jobs.ledger.references``),
     # stored as the job's JobReference rows.
     subjects: tuple[str, ...] = ()
-    # Builds ``create`` and ``subjects`` on the writer's thread, before the
-    # event is merged (an enqueue leaves them to it: see the Ledger middleware).
-    complete: Callable[[], tuple[dict[str, Any], tuple[str, ...]]] | None = None
 
 
 @dataclass
@@ -245,10 +242,6 @@ def write(events: list[Event]) -> None:
     # Imported here: middleware loads this module before the app registry is ready.
     from jobs.models import JobAttempt
 
-    for event in events:
-        if event.complete is not None:
-            event.create, event.subjects = event.complete()
-            event.complete = None
     merged, failures = _merge(events)
     _make_storable(merged, failures)
     merged.sort(key=lambda e: e.message_id)  # one lock order for every statement below

@@ -13,7 +13,6 @@ import os
 import socket
 import time
 import traceback
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,80 +91,27 @@ def _default_max_retries(broker: Broker) -> int:
     return 0
 
 
-def _max_attempts(
-    broker: Broker,
-    message: dramatiq.Message[Any] | MessageProxy,
-    options: dict[str, Any],
-    actor: dramatiq.Actor[Any, Any] | None = None,
-) -> int:
-    max_retries = options.get("max_retries")
+def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
+    max_retries = message.options.get("max_retries")
     if max_retries is None:
-        actor = actor or broker.get_actor(message.actor_name)
-        max_retries = actor.options.get("max_retries")
+        max_retries = broker.get_actor(message.actor_name).options.get("max_retries")
     if max_retries is None:
         max_retries = _default_max_retries(broker)
     return int(max_retries) + 1
 
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
-    return _fields_of(broker, message, message.kwargs, _options(message))
-
-
-def _options(message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
-    return {k: message.options[k] for k in _OPTION_KEYS if k in message.options}
-
-
-def _fields_of(
-    broker: Broker,
-    message: dramatiq.Message[Any] | MessageProxy,
-    kwargs: dict[str, Any],
-    options: dict[str, Any],
-    actor: dramatiq.Actor[Any, Any] | None = None,
-) -> dict[str, Any]:
-    args, kwargs = redact_arguments(message.actor_name, message.args, kwargs)
+    args, kwargs = redact_arguments(message.actor_name, message.args, message.kwargs)
     return {
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
         "args": args,
         "kwargs": kwargs,
-        "options": redact(options),
+        "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),
         "enqueued_at": _from_millis(message.message_timestamp),
-        "max_attempts": _max_attempts(broker, message, options, actor),
-        "retry_of_id": options.get("retry_of"),
+        "max_attempts": _max_attempts(broker, message),
+        "retry_of_id": message.options.get("retry_of"),
     }
-
-
-# Types whose values cannot change once sent: arguments made only of them are
-# read as sent however late the ledger writer reads them.
-_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
-
-
-def _deferred_fields(
-    broker: Broker, message: dramatiq.Message[Any]
-) -> Callable[[], tuple[dict[str, Any], tuple[str, ...]]] | None:
-    """The row fields and subjects of a message being sent, left for the ledger
-    writer's thread to build (redaction and the rest are most of an enqueued
-    event's cost, paid by the caller of ``send()`` otherwise).
-
-    None when the writer could read something other than what was sent (a
-    mutable argument) or could fail where the caller would (an unknown actor):
-    then the caller builds them, as before.
-    """
-    actor = broker.actors.get(message.actor_name)
-    if actor is None:
-        return None
-    kwargs = message.kwargs
-    for values in (message.args, kwargs.values()):
-        for value in values:
-            if type(value) not in _IMMUTABLE:
-                return None
-    # Copies of the dicts: the message's own may still be changed by its sender.
-    kwargs, options = dict(kwargs), _options(message)
-    return lambda: (
-        # The actor found now: a test may forget it before the batch is written.
-        _fields_of(broker, message, kwargs, options, actor),
-        subjects_of(actor, message.args, kwargs),
-    )
 
 
 def _subjects(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> tuple[str, ...]:
@@ -237,13 +183,16 @@ class Ledger(dramatiq.Middleware):
             update["next_retry_at"] = _from_millis(message.options.get("eta", time.time() * 1000))
         else:
             state, phase = states.ENQUEUED, PHASE_ENQUEUED
-        progress = progress_of(attempt, phase, _deferrals(message))
-        fields = _deferred_fields(broker, message)
-        if fields is not None:
-            ledger.record(Event(message.message_id, state, progress, {}, update, complete=fields))
-            return
-        create, subjects = _create_fields(broker, message), _subjects(broker, message)
-        ledger.record(Event(message.message_id, state, progress, create, update, subjects=subjects))
+        ledger.record(
+            Event(
+                message.message_id,
+                state,
+                progress_of(attempt, phase, _deferrals(message)),
+                _create_fields(broker, message),
+                update,
+                subjects=_subjects(broker, message),
+            )
+        )
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         number = _attempt_number(message)

@@ -111,17 +111,16 @@ def test_a_delayed_message_is_recorded_as_delayed() -> None:
     assert job.queue_name == QUEUE
 
 
-def test_the_enqueued_row_holds_what_the_sender_would_have_built(
+def test_a_batched_enqueued_row_holds_every_field_the_middleware_builds(
     broker: dramatiq.Broker, settings
 ) -> None:
-    # Given a send whose row the ledger writer builds later, in a batch (its
-    # arguments cannot change)
+    # Given a send recorded with the shipped batching (written by the writer thread)
     settings.JOBS_LEDGER_FLUSH_MS = 60_000
     message = remember.send_with_options(
         args=(7,), kwargs={"token": "t0ps3cret"}, max_retries=4, time_limit=9_000
     )
     job = job_of(message)
-    # Then it has what the middleware builds in the sender's thread, field by field
+    # Then the row has what the middleware builds, field by field
     expected = ledger_middleware._create_fields(broker, message)
     stored = {name: getattr(job, name) for name in expected}
     assert stored == expected
