@@ -2,7 +2,7 @@
 
 Dramatiq's ``emit_before``/``emit_after`` call the hook of every middleware for
 every signal, and most of them are ``dramatiq.Middleware``'s empty methods: a
-send through the project's 16 middleware made 32 calls for the 3 hooks that do
+send through the project's 16 middleware made 32 calls for the 5 hooks that do
 something. ``QuietHooks`` calls the same hooks, in the same order, with the same
 error handling, and skips only a middleware whose hook is the base class's own.
 """
