@@ -26,15 +26,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
+from uuid import uuid4
 
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
-from dramatiq.common import compute_backoff, current_millis
+from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import replication
 from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
+from jobs.broker.hooks import QuietHooks
 from jobs.broker.sentinel import master_client
 
 logger = logging.getLogger(__name__)
@@ -62,12 +64,15 @@ def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
 
 
-class WakeupRedisBroker(HeldAcks, RedisBroker):
+class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
     """RedisBroker + wake-up tokens + acks that follow the ledger write
-    (``jobs.broker.acks``). ``instant_wakeup=False`` polls like the stock broker."""
+    (``jobs.broker.acks``) + hooks called only where defined
+    (``jobs.broker.hooks``). ``instant_wakeup=False`` polls like the stock broker."""
 
     # Read by the ledger middleware: our consumers hold acks, no thread waits.
     acks_after_ledger = True
+    # Read by the Payloads middleware: enqueue() hands it the encoded message.
+    calls_check_encoded = True
 
     def __init__(
         self,
@@ -94,6 +99,28 @@ class WakeupRedisBroker(HeldAcks, RedisBroker):
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
         return _WakeupConsumer if self.instant_wakeup else LedgerOrderedConsumer
+
+    def enqueue(
+        self, message: dramatiq.Message[Any], *, delay: int | None = None
+    ) -> dramatiq.Message[Any]:
+        """RedisBroker.enqueue, except that the bytes it sends are handed to each
+        middleware's ``check_encoded`` (the payload size limit), which would
+        otherwise encode the message again. They are encoded once every
+        ``before_enqueue`` hook has run, so the check sees the final message."""
+        queue_name = message.queue_name
+        # Unique per enqueue: a retry is the same message id enqueued again.
+        message = message.copy(options={"redis_message_id": str(uuid4())})
+        if delay is not None:
+            queue_name = dq_name(queue_name)
+            message = message.copy(queue_name=queue_name, options={"eta": current_millis() + delay})
+        self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, queue_name)
+        self.emit_before("enqueue", message, delay)
+        data = message.encode()
+        for middleware in self._handlers("check_encoded"):
+            middleware.check_encoded(self, message, data)  # type: ignore[attr-defined]
+        self.do_enqueue(queue_name, message.options["redis_message_id"], data)
+        self.emit_after("enqueue", message, delay)
+        return message
 
     def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
         """Dramatiq's ``enqueue`` dispatch and the wake-up token in one command

@@ -74,7 +74,21 @@ def _datetime(adapt: Prepare, field: models.Field[Any, Any], conn: BaseDatabaseW
 
 
 def _json(adapt: Callable[[Any, Any], Any], encoder: Any) -> Prepare:
-    return lambda value: adapt(value, encoder)
+    # An empty list or dict (a job sent without arguments or options) is
+    # written for most rows: adapted once, where the backend makes it a str
+    # (SQLite; PostgreSQL wraps each value and is asked every time).
+    empty: dict[type, Any] = {}
+    for kind in (list, dict):
+        adapted = adapt(kind(), encoder)
+        if type(adapted) is str:
+            empty[kind] = adapted
+
+    def prepare(value: Any) -> Any:
+        if not value and type(value) in empty:
+            return empty[type(value)]
+        return adapt(value, encoder)
+
+    return prepare
 
 
 def upsert(events: list[Event]) -> None:

@@ -28,6 +28,7 @@ class Metrics(dramatiq.Middleware):
     def __init__(self) -> None:
         self._started: dict[str, float] = {}
         self._heartbeat: Heartbeat | None = None
+        self._enqueued: dict[tuple[str, str], Any] = {}
 
     @property
     def forks(self) -> list[Callable[[], int]]:
@@ -39,7 +40,15 @@ class Metrics(dramatiq.Middleware):
         # Only a message sent for the first time: a retry is counted where it
         # failed, and a paused queue puts its messages back on every recheck.
         if message.options.get("retries") is None and PAUSE_REQUEUES not in message.options:
-            metrics.ENQUEUED.labels(message.actor_name, q_name(message.queue_name)).inc()
+            key = (message.actor_name, message.queue_name)
+            counter = self._enqueued.get(key)
+            if counter is None:
+                # The child prometheus keeps for these labels, found once (labels()
+                # takes a lock and checks its arguments on every send).
+                counter = self._enqueued[key] = metrics.ENQUEUED.labels(
+                    message.actor_name, q_name(message.queue_name)
+                )
+            counter.inc()
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started[message.message_id] = time.perf_counter()

@@ -13,6 +13,7 @@ from django.db import connection
 from jobs.broker import queues
 from jobs.errors import PermanentJobError
 from jobs.ledger import writer as ledger
+from jobs.middleware import ledger as ledger_middleware
 from jobs.models import Job, JobAttempt
 from tests.conftest import join
 
@@ -54,6 +55,11 @@ def check_password(user_id: int, password: str) -> None:
 @dramatiq.actor(queue_name=QUEUE, max_age=1)
 def short_lived() -> None:
     calls["short_lived"] += 1
+
+
+@dramatiq.actor(queue_name=QUEUE, refers_to={"user_id": "auth.User"})
+def remember(user_id: int, data: dict[str, Any] | None = None, token: str = "") -> None:
+    calls["remember"] += 1
 
 
 @pytest.fixture(autouse=True)
@@ -103,6 +109,36 @@ def test_a_delayed_message_is_recorded_as_delayed() -> None:
     assert job.state == "delayed"
     assert job.next_retry_at is not None
     assert job.queue_name == QUEUE
+
+
+def test_a_batched_enqueued_row_holds_every_field_the_middleware_builds(
+    broker: dramatiq.Broker, settings
+) -> None:
+    # Given a send recorded with the shipped batching (written by the writer thread)
+    settings.JOBS_LEDGER_FLUSH_MS = 60_000
+    message = remember.send_with_options(
+        args=(7,), kwargs={"token": "t0ps3cret"}, max_retries=4, time_limit=9_000
+    )
+    job = job_of(message)
+    # Then the row has what the middleware builds, field by field
+    expected = ledger_middleware._create_fields(broker, message)
+    stored = {name: getattr(job, name) for name in expected}
+    assert stored == expected
+    assert job.kwargs == {"token": "[redacted]"}
+    assert (job.max_attempts, job.options) == (5, {"max_retries": 4, "time_limit": 9_000})
+    assert list(job.references.values_list("subject", flat=True)) == ["auth.user:7"]
+
+
+def test_an_argument_changed_after_the_send_is_recorded_as_sent(settings) -> None:
+    # Given a mutable argument, changed by its sender right after the send and
+    # before the ledger writes its batch
+    settings.JOBS_LEDGER_FLUSH_MS = 60_000
+    data = {"plan": "free", "password": SECRET}
+    message = remember.send(7, data)
+    data["plan"] = "changed"
+    data["api_key"] = "added"
+    # Then the ledger keeps what was sent (redacted), as the worker will see it
+    assert job_of(message).args == [7, {"plan": "free", "password": "[redacted]"}]
 
 
 def test_success_records_timings_and_the_worker(broker: dramatiq.Broker) -> None:

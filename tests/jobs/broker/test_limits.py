@@ -1,0 +1,52 @@
+"""The size limit measured on the bytes the broker sends is the producer's size."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import dramatiq
+import pytest
+
+from jobs.broker.limits import DELIVERY_OPTIONS, PayloadTooLarge, check_encoded, check_size
+
+
+def _producer_size(message: dramatiq.Message[Any]) -> int:
+    options = {k: v for k, v in message.options.items() if k not in DELIVERY_OPTIONS}
+    return len(dataclasses.replace(message, options=options).encode())
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"max_retries": 3},
+        {"redis_message_id": "3f2a"},
+        {"redis_message_id": "3f2a", "eta": 1764530000000},
+        {"max_retries": 3, "redis_message_id": "3f2a", "request_id": "r-1"},
+        {"retries": 2, "traceback": 'Trace "é\\n"\u2028\ud800', "redis_message_id": "x"},
+        {"pause_requeues": 1, "rate_limit_deferrals": 4, "requeue_timestamp": 1.5},
+    ],
+)
+def test_the_encoded_check_measures_what_check_size_measures(
+    settings, options: dict[str, Any]
+) -> None:
+    # Given a message with delivery options in any mix and order
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="default",
+        actor_name="demo",
+        args=("ä", 1),
+        kwargs={"k": [1, None]},
+        options=dict(options),
+    )
+    size, data = _producer_size(message), message.encode()
+    # When the limit is exactly the producer's size, Then both checks let it pass
+    settings.JOBS_MAX_PAYLOAD_BYTES = size
+    check_size(message)
+    check_encoded(message, data)
+    # When it is one byte less, Then both refuse it naming the same size
+    settings.JOBS_MAX_PAYLOAD_BYTES = size - 1
+    with pytest.raises(PayloadTooLarge, match=f"is {size} bytes"):
+        check_size(message)
+    with pytest.raises(PayloadTooLarge, match=f"is {size} bytes"):
+        check_encoded(message, data)
