@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
 from jobs.ledger.states import FAILED, RUNNING, SUCCEEDED
 
@@ -75,6 +78,52 @@ def _datetime(adapt: Prepare, field: models.Field[Any, Any], conn: BaseDatabaseW
 
 def _json(adapt: Callable[[Any, Any], Any], encoder: Any) -> Prepare:
     return lambda value: adapt(value, encoder)
+
+
+@contextmanager
+def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
+    """A cursor for the ledger's ``executemany`` statements.
+
+    On PostgreSQL, one that binds parameters on the server and prepares each
+    statement once per connection, where Django's default cursor composes the
+    query text of every row in the client (quoting each value, in the writer
+    thread that shares the GIL with the worker threads) and has the server
+    parse and plan that text again for each row: measured at 42 jobs a batch,
+    about 100 us of server CPU and 15 us of client CPU per job. Only these
+    statements are prepared (``executemany`` asks for it; the connection's
+    threshold stays as Django set it for everything else), so
+    ``JOBS_LEDGER_PREPARED=0`` is only needed behind a pooler that cannot
+    keep prepared statements (PgBouncer's transaction mode before 1.21).
+    Elsewhere, Django's own cursor.
+    """
+    if conn.vendor != "postgresql" or not settings.JOBS_LEDGER_PREPARED:
+        with conn.cursor() as cursor:
+            yield cursor
+        return
+    from django.db.backends.postgresql import base
+    from psycopg.types.numeric import Int8Dumper
+
+    conn.ensure_connection()
+    pg = conn.connection
+    with conn.wrap_database_errors:
+        # (django-stubs have this class without psycopg's constructor)
+        raw: Any = base.ServerBindingCursor(pg)  # type: ignore[call-arg]
+    # Every int as bigint: psycopg would send the smallest type that fits, and
+    # each mix of types is a statement prepared apart.
+    raw.adapters.register_dumper(int, Int8Dumper)
+    threshold = pg.prepare_threshold
+    if threshold is None:  # Django's default: never; executemany's own prepare still counts
+        pg.prepare_threshold = _NEVER_BY_COUNT
+    try:
+        with conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw) as c:
+            yield c
+    finally:
+        pg.prepare_threshold = threshold
+
+
+# A threshold no statement's count reaches: only those executed with
+# ``prepare=True`` (as executemany's are) are prepared.
+_NEVER_BY_COUNT = 2**62
 
 
 def upsert(events: list[Event]) -> None:
@@ -176,7 +225,7 @@ def upsert(events: list[Event]) -> None:
             elif name not in everywhere:
                 row.append(name in event.update)
         rows.append(row)
-    with connection.cursor() as cursor:
+    with batch_cursor(conn) as cursor:
         cursor.executemany(sql, rows)
 
 
@@ -207,7 +256,7 @@ def annotate(events: list[Event], terminal: int) -> int:
     if not groups:
         return 0
     quote = conn.ops.quote_name
-    with conn.cursor() as cursor:
+    with batch_cursor(conn) as cursor:
         for columns, rows in groups.items():
             cursor.executemany(
                 f"UPDATE {quote(Job._meta.db_table)} "
@@ -237,6 +286,6 @@ def insert_references(events: list[Event]) -> bool:
         f"SELECT {quote('id')}, %s FROM {quote(Job._meta.db_table)} "
         f"WHERE {quote('message_id')} = %s ON CONFLICT DO NOTHING"
     )
-    with connection.cursor() as cursor:
+    with batch_cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
         cursor.executemany(sql, [(subject, message_id) for message_id, subject in rows])
     return True
