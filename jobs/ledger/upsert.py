@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -126,29 +127,43 @@ def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
 _NEVER_BY_COUNT = 2**62
 
 
-def upsert(events: list[Event]) -> None:
-    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` for the batch.
+class _Plan:
+    """What ``upsert`` needs of one connection that no batch changes: the
+    columns, their prepared defaults and short ways, and each statement text
+    built so far (by the columns a batch updates, and those every event sets).
+    Built once: at a few dozen jobs a batch, building them again was a fair
+    part of the writer's CPU per job."""
 
-    The conditional upsert is what keeps the ledger forward-only and race-free
-    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
-    is inserted whole, an existing one only moves forward. Rows go in
-    message-id order, whatever columns each event updates (a column an event
-    does not set keeps its value through a per-row flag), so every writer
-    locks rows in the same order and two batches can never deadlock.
-    """
-    from jobs.models import Job
+    def __init__(self, conn: BaseDatabaseWrapper) -> None:
+        from jobs.models import Job
 
-    fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    table = quote(Job._meta.db_table)
-    columns = ", ".join(quote(f.attname) for f in fields)  # no db_column overrides here
-    placeholders = ", ".join(["%s"] * len(fields))
-    position = {f.attname: i for i, f in enumerate(fields)}
-    # The thread's own connection, not the proxy: each attribute read through
-    # ``django.db.connection`` is a thread-local lookup.
-    conn = connections[DEFAULT_DB_ALIAS]
-    prepared_defaults = [f.get_db_prep_save(f.get_default(), conn) for f in fields]
-    preparers = _preparers(fields, conn)
+        self.fields = [f for f in Job._meta.concrete_fields if not f.primary_key]
+        self.position = {f.attname: i for i, f in enumerate(self.fields)}
+        self.prepared_defaults = [f.get_db_prep_save(f.get_default(), conn) for f in self.fields]
+        self.preparers = _preparers(self.fields, conn)
+        self.table = Job._meta.db_table
+        self.statements: dict[tuple[tuple[str, ...], frozenset[str]], str] = {}
+
+
+_STATEMENTS_KEPT = 64
+# By connection (each thread has its own): a thread's plan goes with its connection.
+_plans: weakref.WeakKeyDictionary[BaseDatabaseWrapper, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _plan(conn: BaseDatabaseWrapper) -> _Plan:
+    plan = _plans.get(conn)
+    if plan is None:
+        plan = _plans[conn] = _Plan(conn)
+    return plan
+
+
+def _statement(
+    conn: BaseDatabaseWrapper, plan: _Plan, updated: list[str], everywhere: set[str]
+) -> str:
+    quote = conn.ops.quote_name
+    table = quote(plan.table)
+    columns = ", ".join(quote(f.attname) for f in plan.fields)  # no db_column overrides here
+    placeholders = ", ".join(["%s"] * len(plan.fields))
 
     def old(name: str) -> str:
         return f"{table}.{quote(name)}"
@@ -159,8 +174,6 @@ def upsert(events: list[Event]) -> None:
     def greatest(a: str, b: str) -> str:
         return f"CASE WHEN {a} > {b} THEN {a} ELSE {b} END"
 
-    updated = sorted({name for event in events for name in event.update})
-    everywhere = {name for name in updated if all(name in e.update for e in events)}
     assignments = [f"{quote(name)} = {new(name)}" for name in ("state", "progress")]
     # Only a row below TERMINAL is updated: a finished state there is a guess.
     guessed = f"{old('state')} IN ('{FAILED}', '{SUCCEEDED}')"
@@ -199,11 +212,37 @@ def upsert(events: list[Event]) -> None:
         f"{old('progress')} < {new('progress')} OR ({old('state')} = '{RUNNING}' AND "
         f"{old('progress')} = {new('progress')} AND {old('started_at')} <> {new('started_at')})"
     )
-    sql = (
+    return (
         f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "
         f"ON CONFLICT ({quote('message_id')}) DO UPDATE SET {', '.join(assignments)} "
         f"WHERE {condition}"
     )
+
+
+def upsert(events: list[Event]) -> None:
+    """One ``INSERT .. ON CONFLICT DO UPDATE .. WHERE progress < new`` for the batch.
+
+    The conditional upsert is what keeps the ledger forward-only and race-free
+    across processes (SQLite >= 3.24 and PostgreSQL both support it): a new row
+    is inserted whole, an existing one only moves forward. Rows go in
+    message-id order, whatever columns each event updates (a column an event
+    does not set keeps its value through a per-row flag), so every writer
+    locks rows in the same order and two batches can never deadlock.
+    """
+    # The thread's own connection, not the proxy: each attribute read through
+    # ``django.db.connection`` is a thread-local lookup.
+    conn = connections[DEFAULT_DB_ALIAS]
+    plan = _plan(conn)
+    fields, position, preparers = plan.fields, plan.position, plan.preparers
+    prepared_defaults = plan.prepared_defaults
+    updated = sorted({name for event in events for name in event.update})
+    everywhere = {name for name in updated if all(name in e.update for e in events)}
+    key = (tuple(updated), frozenset(everywhere))
+    sql = plan.statements.get(key)
+    if sql is None:
+        if len(plan.statements) >= _STATEMENTS_KEPT:  # (a handful in practice)
+            plan.statements.clear()
+        sql = plan.statements[key] = _statement(conn, plan, updated, everywhere)
     rows = []
     for event in sorted(events, key=lambda e: e.message_id):
         # Start from the prepared defaults and prepare only what the event
