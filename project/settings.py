@@ -201,7 +201,8 @@ JOBS_LEDGER_ENABLED = env_bool("JOBS_LEDGER_ENABLED", True)
 # 0 writes each event at once in the thread that saw it.
 JOBS_LEDGER_FLUSH_MS = env_int("JOBS_LEDGER_FLUSH_MS", 200, minimum=0)
 # On PostgreSQL the writer prepares its statements (jobs.ledger.upsert.batch_cursor);
-# 0 behind a pooler that cannot keep prepared statements (PgBouncer < 1.21, transaction mode).
+# 0 behind a pooler that cannot keep prepared statements (PgBouncer < 1.22 in
+# transaction mode, or max_prepared_statements = 0).
 JOBS_LEDGER_PREPARED = env_bool("JOBS_LEDGER_PREPARED", True)
 # Retention (python manage.py prunejobs; periodic once the scheduler runs).
 JOBS_KEEP_FAILED = env_int("JOBS_KEEP_FAILED", 1000, minimum=0)

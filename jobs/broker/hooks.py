@@ -9,6 +9,7 @@ error handling, and skips only a middleware whose hook is the base class's own.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import dramatiq
@@ -30,8 +31,10 @@ class QuietHooks:
         seen, hooks = self._hooks_cache
         # Read again whenever the list changed (tests add and remove middleware
         # in place); one tuple, so no thread sees a list with another's hooks.
-        if seen != self.middleware:
-            seen, hooks = list(self.middleware), {}
+        # By identity: an equal middleware put in place of another is another.
+        current = self.middleware
+        if len(seen) != len(current) or not all(map(operator.is_, seen, current)):
+            seen, hooks = list(current), {}
             self._hooks_cache = (seen, hooks)
         handlers = hooks.get(name)
         if handlers is None:

@@ -24,6 +24,8 @@ from django.conf import settings
 from dramatiq.encoder import JSONEncoder
 from dramatiq.middleware import MiddlewareError
 
+from jobs.errors import DEFERRALS
+
 # Options set by the broker, Retries, the rate limiter and the pause control,
 # never by a producer. Retries bounds the traceback (jobs.middleware.retries).
 DELIVERY_OPTIONS = frozenset(
@@ -33,7 +35,7 @@ DELIVERY_OPTIONS = frozenset(
         "retries",
         "traceback",
         "requeue_timestamp",
-        "rate_limit_deferrals",
+        DEFERRALS,
         "pause_requeues",
     }
 )

@@ -425,6 +425,11 @@ class _Watchdog:
             # next attempt finds it gone, which marks the lock lost.
             logger.warning("Renewing lock %s failed: %s", lock.name, exc)
             still_ours = True
+        except Exception:
+            # Anything else must not end the one renewal thread of the process
+            # (it is not restarted): log it and try again next period.
+            logger.exception("Renewing lock %s failed", lock.name)
+            still_ours = True
         with self._cond:
             if lock not in self._active:
                 return  # the block ended while we renewed: nothing was lost

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -108,7 +107,8 @@ def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     statements are prepared (``executemany`` asks for it; the connection's
     threshold stays as Django set it for everything else), so
     ``JOBS_LEDGER_PREPARED=0`` is only needed behind a pooler that cannot
-    keep prepared statements (PgBouncer's transaction mode before 1.21).
+    keep prepared statements: PgBouncer in transaction mode before 1.22 (psycopg
+    sends DEALLOCATE ALL after a rollback) or with max_prepared_statements = 0.
     Elsewhere, Django's own cursor.
     """
     if conn.vendor != "postgresql" or not settings.JOBS_LEDGER_PREPARED:
@@ -160,14 +160,17 @@ class _Plan:
 
 
 _STATEMENTS_KEPT = 64
-# By connection (each thread has its own): a thread's plan goes with its connection.
-_plans: weakref.WeakKeyDictionary[BaseDatabaseWrapper, _Plan] = weakref.WeakKeyDictionary()
+# Kept on the connection wrapper itself: the plan's preparers hold the wrapper
+# (its ops' bound methods), so a dict keyed by the wrapper, even a weak one,
+# would keep every thread's wrapper and its open connection alive for good.
+_PLAN_ATTRIBUTE = "_jobs_ledger_plan"
 
 
 def _plan(conn: BaseDatabaseWrapper) -> _Plan:
-    plan = _plans.get(conn)
+    plan: _Plan | None = getattr(conn, _PLAN_ATTRIBUTE, None)
     if plan is None:
-        plan = _plans[conn] = _Plan(conn)
+        plan = _Plan(conn)
+        setattr(conn, _PLAN_ATTRIBUTE, plan)
     return plan
 
 

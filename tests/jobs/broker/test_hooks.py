@@ -59,7 +59,16 @@ def test_it_calls_the_hooks_dramatiq_calls_in_the_same_order(broker) -> None:
         calls.clear()
         _emit_both(broker.emit_before, broker.emit_after, message)
         assert calls == ["before first", "after plain", "after first"]
+        # When a middleware is replaced by another that compares equal to it,
+        # Then the new one is called, not the one that left
+        first_again = _Recorder("first again", calls)
+        _Recorder.__eq__ = lambda self, other: isinstance(other, _Recorder)  # type: ignore[method-assign]
+        broker.middleware[0] = first_again
+        calls.clear()
+        _emit_both(broker.emit_before, broker.emit_after, message)
+        assert calls == ["before first again", "after plain", "after first again"]
     finally:
+        _Recorder.__eq__ = dramatiq.Middleware.__eq__  # type: ignore[method-assign]
         broker.middleware[:] = saved
 
 

@@ -25,7 +25,7 @@ def _producer_size(message: dramatiq.Message[Any]) -> int:
         {"redis_message_id": "3f2a", "eta": 1764530000000},
         {"max_retries": 3, "redis_message_id": "3f2a", "request_id": "r-1"},
         {"retries": 2, "traceback": 'Trace "é\\n"\u2028\ud800', "redis_message_id": "x"},
-        {"pause_requeues": 1, "rate_limit_deferrals": 4, "requeue_timestamp": 1.5},
+        {"pause_requeues": 1, "deferrals": 4, "requeue_timestamp": 1.5},
     ],
 )
 def test_the_encoded_check_measures_what_check_size_measures(
@@ -50,3 +50,29 @@ def test_the_encoded_check_measures_what_check_size_measures(
         check_size(message)
     with pytest.raises(PayloadTooLarge, match=f"is {size} bytes"):
         check_encoded(message, data)
+
+
+@pytest.mark.parametrize(
+    "delivery",
+    [
+        {"retries": 1, "traceback": "Traceback ...\nValueError: x"},
+        {"deferrals": 1},  # a rate-limit or Retry deferral (jobs.errors.DEFERRALS)
+        {"pause_requeues": 2, "requeue_timestamp": 1764530000000},
+        {"redis_message_id": "3f2a", "eta": 1764530000000},
+    ],
+)
+def test_a_message_the_producer_sent_at_the_limit_is_not_refused_when_delivered_again(
+    settings, delivery: dict[str, Any]
+) -> None:
+    # Given a message its producer sent at exactly the limit
+    sent: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="default", actor_name="demo", args=("x" * 100,), kwargs={}, options={}
+    )
+    settings.JOBS_MAX_PAYLOAD_BYTES = len(sent.encode())
+    check_size(sent)
+    # When the platform re-enqueues it with its own bookkeeping (a retry, a
+    # deferral, a paused queue's requeue, a delay)
+    again = dataclasses.replace(sent, options={**sent.options, **delivery})
+    # Then it is not refused: refusing would lose the job (after_* hooks only log)
+    check_size(again)
+    check_encoded(again, again.encode())
