@@ -8,7 +8,6 @@ timeout that makes the stock consumer slow to notice a new message.
 from __future__ import annotations
 
 import random
-import statistics
 import threading
 import time
 import uuid
@@ -101,8 +100,11 @@ def test_it_is_the_stock_polling_consumer_when_turned_off(namespace):
     assert probe.broker.consumer_class is LedgerOrderedConsumer
     # When jobs are sent one at a time to an idle worker
     latencies = _latencies_ms(probe, 8)
-    # Then they wait for the consumer's backoff sleep (the slowness wake-up removes)
-    assert statistics.median(latencies) > 50, latencies
+    # Then most wait for the consumer's backoff sleep (the slowness wake-up
+    # removes). The third quartile, not the median: a send can land just before a
+    # fetch by chance (~17% of them), and 5 of 8 doing so would fail a median
+    # (~1% of runs); 7 of 8 is ~1e-5. Wake-up on starts all of them within ~5 ms.
+    assert sorted(latencies)[len(latencies) * 3 // 4] > 50, latencies
     # and no wake-up token was ever written
     assert not probe.broker.client.exists(wake_key(namespace, "wake"))
 

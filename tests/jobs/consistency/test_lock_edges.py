@@ -144,15 +144,16 @@ def test_an_exception_in_the_block_is_not_masked_by_lock_lost_and_the_lock_is_re
 
 def test_a_forked_child_renews_its_own_locks() -> None:
     # Given a parent whose renewal thread is running (it renewed a lock before)
-    with redis_lock("edge-fork-renew-parent", ttl=0.3) as lock:
-        time.sleep(0.2)
+    with redis_lock("edge-fork-renew-parent", ttl=1) as lock:
+        time.sleep(0.5)
         lock.check()
 
     # When a forked child (threads do not survive a fork) holds a lock past its TTL
     def child() -> dict[str, Any]:
         try:
-            with redis_lock("edge-fork-renew-child", ttl=0.3) as held:
-                time.sleep(0.9)
+            # 3x a 1 s TTL (renewal every 333 ms leaves room for a stall)
+            with redis_lock("edge-fork-renew-child", ttl=1) as held:
+                time.sleep(3)
                 held.check()
         except LockLost:
             return {"kept": False}

@@ -37,6 +37,17 @@ def outcome(kind: str, key: str) -> None:
         raise RuntimeError("fails once")
 
 
+def clear_of_a_minute_boundary() -> None:
+    """Wait, if need be, so that a job mix started now finishes in this minute.
+
+    (Jobs run in about a second; started in a minute's last seconds, some would
+    finish in the next minute's bucket, and at :59 in the next hour's.)
+    """
+    now = timezone.now()
+    if now.second >= 45:
+        time.sleep(60.1 - now.second - now.microsecond / 1e6)
+
+
 def run_mix(broker: dramatiq.Broker, succeed: int, fail: int, retry: int) -> None:
     failed_once.clear()  # each run's "retry" jobs fail their first attempt again
     for i in range(succeed):
@@ -57,11 +68,7 @@ def run_mix(broker: dramatiq.Broker, succeed: int, fail: int, retry: int) -> Non
 def test_it_counts_jobs_finished_in_the_last_hour_and_day_by_outcome(
     broker: dramatiq.Broker,
 ) -> None:
-    # (Jobs run in about a second; started in a minute's last seconds, some
-    # would finish in the next minute's bucket, and at :59 in the next hour's.)
-    now = timezone.now()
-    if now.second >= 45:
-        time.sleep(60.1 - now.second - now.microsecond / 1e6)
+    clear_of_a_minute_boundary()
     # Given 4 jobs that succeed, 2 that fail for good, 3 that succeed on a retry
     run_mix(broker, succeed=4, fail=2, retry=3)
     # When the timelines are read
