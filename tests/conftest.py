@@ -123,6 +123,10 @@ class AttemptRecorder(dramatiq.Middleware):
     def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._started[message.message_id] = time.monotonic()
 
+    def is_running(self, message_id: str) -> bool:
+        """Whether an attempt of the message has started and not ended yet."""
+        return message_id in self._started
+
     def after_process_message(
         self,
         broker: dramatiq.Broker,

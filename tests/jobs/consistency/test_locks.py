@@ -6,6 +6,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import dramatiq
@@ -224,15 +225,29 @@ def locked_job(name: str) -> None:
         locked_runs.append(name)
 
 
+@dramatiq.actor(queue_name="lock-tests", max_retries=0)
+def patient_job(name: str) -> None:
+    with redis_lock(name, ttl=5, wait=30):
+        locked_runs.append(name)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_actor_that_cannot_get_the_lock_is_retried(
     worker: dramatiq.Worker, attempts: AttemptRecorder
 ) -> None:
     locked_runs.clear()
-    # Given the lock held elsewhere for longer than the actor's 0.3 s wait
+    # Given the lock held elsewhere until the actor's 0.3 s wait has run out
+    # (held until that attempt ended: a fixed sleep races the worker's pickup)
     with redis_lock("job-lock", ttl=5):
         locked_job.send("job-lock")
-        time.sleep(0.6)
+        wait_for(lambda: bool(attempts.attempts))
     join("lock-tests")
 
     # Then the first attempt failed with LockNotAcquired and a retry ran it
@@ -243,13 +258,17 @@ def test_an_actor_that_cannot_get_the_lock_is_retried(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_long_wait_is_logged_with_the_lock_name_and_message_id(
-    worker: dramatiq.Worker, caplog: pytest.LogCaptureFixture, settings
+    worker: dramatiq.Worker,
+    attempts: AttemptRecorder,
+    caplog: pytest.LogCaptureFixture,
+    settings,
 ) -> None:
     settings.JOBS_LOCK_WAIT_WARNING_MS = 50
     caplog.set_level(logging.WARNING, logger="jobs.consistency.locks")
-    # Given the lock held for 0.2 s, within the actor's wait
+    # Given the lock held 0.2 s past the actor's start, within its wait
     with redis_lock("slow-lock", ttl=5):
-        message = locked_job.send("slow-lock")
+        message = patient_job.send("slow-lock")
+        wait_for(lambda: attempts.is_running(message.message_id))
         time.sleep(0.2)
     join("lock-tests")
 
