@@ -1,11 +1,12 @@
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from django.test import Client
 
+from accounts import ratelimit
 from project.env import Rate
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -18,19 +19,22 @@ def api_signup(client: Client, n: int, **extra: Any) -> int:
 
 
 def test_it_answers_429_with_retry_after_past_the_limit_then_recovers(
-    client: Client, settings
+    client: Client, settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.SIGNUP_RATE_LIMIT = Rate(requests=3, seconds=2)
-    # Start at the beginning of a window so the test does not straddle two.
-    time.sleep(2 - time.time() % 2)
+    # The limiter's clock, held half a second into a window: on the real one, a
+    # pause of the machine between two requests could move one into the next window.
+    now = [2_000_000_000.5]
+    monkeypatch.setattr(ratelimit, "time", SimpleNamespace(time=lambda: now[0]))
 
     statuses = [api_signup(client, n) for n in range(4)]
     response = client.post("/api/signup/", {}, content_type="application/json")
 
     assert statuses == [201, 201, 201, 429]
     assert response.status_code == 429
-    assert 1 <= int(response["Retry-After"]) <= 2
-    time.sleep(int(response["Retry-After"]))
+    # Whole seconds, rounded up: the window ends 1.5 s later
+    assert response["Retry-After"] == "2"
+    now[0] += 1.5
     assert api_signup(client, 10) == 201
 
 
