@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,8 @@ class Metrics(dramatiq.Middleware):
     def __init__(self) -> None:
         self._started: dict[str, float] = {}
         self._heartbeat: Heartbeat | None = None
+        self._heartbeat_mutex = threading.Lock()
+        self._workers = 0  # booted and not yet shut down, in this process
         self._enqueued: dict[tuple[str, str], Any] = {}
 
     @property
@@ -88,13 +91,23 @@ class Metrics(dramatiq.Middleware):
             metrics.JOBS.labels(*labels, "skipped").inc()
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        self._heartbeat = Heartbeat()
-        self._heartbeat.start()
+        # One heartbeat per process (it beats for the broker id), however many
+        # workers it runs: a second one must not replace, and so orphan, the
+        # first's thread, which would beat on after every worker stopped.
+        with self._heartbeat_mutex:
+            self._workers += 1
+            if self._heartbeat is None:
+                self._heartbeat = Heartbeat()
+                self._heartbeat.start()
         _forget_live_gauges_at_exit()
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        with self._heartbeat_mutex:
+            self._workers -= 1
+            if self._workers > 0 or self._heartbeat is None:
+                return
+            heartbeat, self._heartbeat = self._heartbeat, None
+        heartbeat.stop()
 
 
 _exit_hook_registered = False

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -206,3 +207,26 @@ def test_a_fresh_process_serves_known_actors_and_cache_namespaces_at_zero(
     assert sample(text, "jobs_processed_total", **report) == 0
     assert sample(text, "jobs_cache_hits_total", namespace="user-profile") == 0
     assert sample(text, "jobs_cache_misses_total", namespace="user-profile") == 0
+
+
+def _heartbeat_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "jobs-heartbeat"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_in_one_process_leave_no_heartbeat_beating(broker: dramatiq.Broker) -> None:
+    # (Before the fix, the second worker's boot replaced the first's heartbeat,
+    # whose thread beat on after both stopped, keeping a dead process "alive".)
+    before = _heartbeat_threads()
+    # Given two workers started in one process, then stopped
+    workers = [dramatiq.Worker(broker, worker_timeout=50, worker_threads=1) for _ in range(2)]
+    for w in workers:
+        w.start()
+    during = [t for t in _heartbeat_threads() if t not in before]
+    assert len(during) == 1  # one per process, as the broker id it beats for
+    workers[0].stop()
+    assert during[0].is_alive()  # the other worker still runs
+    workers[1].stop()
+    # Then no heartbeat thread of theirs is left running
+    during[0].join(timeout=5)
+    assert [t for t in _heartbeat_threads() if t not in before] == []
