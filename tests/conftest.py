@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote, urlencode, urlsplit
@@ -111,6 +111,18 @@ def queued_messages(queue_name: str) -> list[dramatiq.Message[object]]:
 def dead_messages(queue_name: str) -> list[dramatiq.Message[object]]:
     """Messages Dramatiq dead-lettered (failed for good) from ``queue_name``."""
     return _messages_in(f"{queue_name}.XQ.msgs")
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 15, every: float = 0.01) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds.
+
+    What tests wait on instead of fixed sleeps, which a loaded machine outlasts.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout} s")
+        time.sleep(every)
 
 
 class AttemptRecorder(dramatiq.Middleware):

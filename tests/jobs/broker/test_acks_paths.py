@@ -16,7 +16,7 @@ import pytest
 from jobs.errors import Deferred
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import join, wait_until
 from tests.jobs.broker.test_acks import held_ids_of, ledger_writes_blocked, queued_ids_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,15 +50,6 @@ def quick_b(n: int) -> None:
 
 def hlen(broker, name: str) -> int:
     return int(broker.client.hlen(f"{broker.namespace}:{name}"))
-
-
-def wait_until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("not reached")
 
 
 def test_a_failed_job_is_dead_lettered_only_after_its_failure_is_written(broker, settings):

@@ -6,7 +6,6 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import dramatiq
@@ -17,7 +16,7 @@ from django_redis import get_redis_connection
 from jobs.checks import check_lock_ttls
 from jobs.consistency.locks import LockLost, LockNotAcquired, holds_lock, redis_lock, stats
 from jobs.errors import TransientJobError
-from tests.conftest import AttemptRecorder, join
+from tests.conftest import AttemptRecorder, join, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -231,13 +230,6 @@ def patient_job(name: str) -> None:
         locked_runs.append(name)
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_an_actor_that_cannot_get_the_lock_is_retried(
     worker: dramatiq.Worker, attempts: AttemptRecorder
@@ -247,7 +239,7 @@ def test_an_actor_that_cannot_get_the_lock_is_retried(
     # (held until that attempt ended: a fixed sleep races the worker's pickup)
     with redis_lock("job-lock", ttl=5):
         locked_job.send("job-lock")
-        wait_for(lambda: bool(attempts.attempts))
+        wait_until(lambda: bool(attempts.attempts))
     join("lock-tests")
 
     # Then the first attempt failed with LockNotAcquired and a retry ran it
@@ -268,7 +260,7 @@ def test_a_long_wait_is_logged_with_the_lock_name_and_message_id(
     # Given the lock held 0.2 s past the actor's start, within its wait
     with redis_lock("slow-lock", ttl=5):
         message = patient_job.send("slow-lock")
-        wait_for(lambda: attempts.is_running(message.message_id))
+        wait_until(lambda: attempts.is_running(message.message_id))
         time.sleep(0.2)
     join("lock-tests")
 

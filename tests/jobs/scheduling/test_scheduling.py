@@ -20,7 +20,7 @@ from periodiq import cron
 
 from jobs.scheduling.scheduler import Scheduler, claim_tick, missed_tick
 from jobs.tasks import daily_report
-from tests.conftest import queued_messages
+from tests.conftest import queued_messages, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -116,16 +116,20 @@ def start_schedulers(
         "REPORT_CATCH_UP_HOURS": "0",
         "JOBS_LEDGER_ENABLED": "0",
     }
-    return [
-        subprocess.Popen(
-            [sys.executable, "manage.py", "runscheduler"],
-            cwd=ROOT,
-            env=env,
-            stdout=(tmp_path / f"scheduler-{n}.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        for n in range(count)
-    ]
+    procs = []
+    for n in range(count):
+        # The child keeps its own copy of the descriptor; ours is closed at once.
+        with (tmp_path / f"scheduler-{n}.log").open("wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "manage.py", "runscheduler"],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs
 
 
 @pytest.mark.e2e
@@ -133,13 +137,23 @@ def start_schedulers(
 def test_several_schedulers_enqueue_each_tick_exactly_once(
     count: int, tmp_path: Path, test_database_url: str
 ) -> None:
-    schedulers = start_schedulers(count, tmp_path, time.time(), test_database_url)
+    epoch = int(time.time())
+    schedulers = start_schedulers(count, tmp_path, epoch, test_database_url)
     try:
-        time.sleep(5.5)  # about five fake minutes, after start-up
-        # One scheduler dies mid-way; the others keep the schedule.
+        # A few fake minutes ticked (polled: start-up takes longer on a loaded machine)
+        wait_until(lambda: len(ticks_in_queue("watchdog")) >= 3, timeout=60, every=0.1)
+        # One scheduler dies mid-way, half a fake minute from any tick (so not
+        # between a tick's enqueue and its log line); the others keep the schedule.
+        phase = ((time.time() - epoch) * 60 + epoch) % 60 / 60
+        time.sleep((0.5 - phase) % 1.0)
         schedulers[0].send_signal(signal.SIGKILL)
+        schedulers[0].wait()
         seen_before_kill = ticks_in_queue("watchdog")
-        time.sleep(3)
+        wait_until(
+            lambda: len(ticks_in_queue("watchdog")) >= len(seen_before_kill) + 2,
+            timeout=60,
+            every=0.1,
+        )
     finally:
         for proc in schedulers:
             proc.send_signal(signal.SIGTERM)
