@@ -17,7 +17,7 @@ from dramatiq.brokers.redis import RedisBroker
 from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import join, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "acks-test"
@@ -79,8 +79,10 @@ def test_worker_threads_run_the_next_job_while_the_last_ones_ledger_write_waits(
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
     with ledger_writes_blocked():
         worker.start()
-        # When the jobs run for a while
-        time.sleep(2)
+        # When the jobs run for a while (all of them, or 15 s)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: len(ran) >= len(messages), timeout=15)
+        time.sleep(0.5)  # (a thread wrongly waiting would not run any more anyway)
         during = len(ran)
         # Then no thread waited for its job's write (a waiting thread stops at
         # one job: 2 in all), and a finished job waiting for its ack took no

@@ -6,6 +6,7 @@ Run: bin/test tests/jobs/broker/test_acks_cap.py   (also with --postgres)
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -13,7 +14,7 @@ import dramatiq
 import pytest
 
 from jobs.broker import acks
-from tests.conftest import join
+from tests.conftest import join, wait_until
 from tests.jobs.broker.test_acks import ledger_writes_blocked
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -38,7 +39,11 @@ def test_a_stalled_ledger_stops_the_worker_past_the_cap(broker, settings, monkey
         with ledger_writes_blocked():
             worker.start()
             [counted.send(n) for n in range(40)]
-            time.sleep(3)
+            # Up to the cap (polled: a loaded machine starts slower), then long
+            # enough to see it is not passed
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: len(ran) >= 5, timeout=15)
+            time.sleep(1.5)
             during = len(ran)
         join(QUEUE)
     finally:
