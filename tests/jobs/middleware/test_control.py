@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import dramatiq
 import pytest
@@ -10,6 +11,7 @@ from django.test import Client
 from dramatiq.broker import MessageProxy
 
 from jobs.broker import queues
+from jobs.middleware import control as control_module
 from jobs.middleware.control import Control
 from tests.conftest import join
 from tests.jobs.observability.test_metrics import scrape, value
@@ -18,21 +20,28 @@ pytestmark = pytest.mark.django_db
 QUEUE = "control-test"
 
 
-def test_workers_see_a_pause_within_the_refresh_interval_not_per_job(settings) -> None:
+def test_workers_see_a_pause_within_the_refresh_interval_not_per_job(
+    settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.JOBS_CONTROL_REFRESH_MS = 300
+    # The middleware's clock, moved by hand: on the real one, a pause of a loaded
+    # machine between two reads would let the snapshot refresh early.
+    now = [1000.0]
+    monkeypatch.setattr(control_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
     control = Control()
     assert control._current().paused == frozenset()
 
     queues.pause("emails")
     queues.cancel(["m-1"])
+    now[0] += 0.29
     assert control._current().paused == frozenset()  # still the snapshot: no round trip
-    time.sleep(0.35)
+    now[0] += 0.02
     snapshot = control._current()
 
     assert snapshot.paused == {"emails"}
     assert "m-1" in snapshot.cancelled
     queues.resume("emails")
-    time.sleep(0.35)
+    now[0] += 0.31
     assert control._current().paused == frozenset()
 
 
