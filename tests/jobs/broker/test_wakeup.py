@@ -247,8 +247,10 @@ class _StopWhileDelaying(dramatiq.Middleware):
             return
         assert self.worker is not None
         consumer_thread = self.worker.consumers["wake.DQ"]
-        self.stopper = threading.Thread(target=self.worker.stop)
-        self.stopper.start()
+        stopper = threading.Thread(target=self.worker.stop)
+        stopper.start()
+        # Published once started: the test joins it as soon as it sees it.
+        self.stopper = stopper
         # Hold this consumer thread here until the stop has reached it.
         deadline = time.monotonic() + 10
         while consumer_thread.running and time.monotonic() < deadline:
