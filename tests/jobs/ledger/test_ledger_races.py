@@ -225,19 +225,20 @@ def test_it_writes_concurrent_batches_in_opposite_orders_without_losing_events(
     # messages in opposite orders, the worker's in two interleaved shapes
     rounds, count = 20, 100
     sizes = [str(rounds), str(count)]
-    procs = {
-        role: subprocess.Popen(
-            [sys.executable, "-m", "tests.jobs.ledger.ledger_batches_proc", role, *sizes],
-            cwd=ROOT,
-            env=writer_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            # A file, not a pipe: a run that fails logs many tracebacks.
-            stderr=(tmp_path / f"{role}.err").open("w"),
-            text=True,
-        )
-        for role in ("producer", "worker")
-    }
+    procs = {}
+    for role in ("producer", "worker"):
+        # A file, not a pipe: a run that fails logs many tracebacks. The child
+        # keeps its own descriptor; ours is closed at once.
+        with (tmp_path / f"{role}.err").open("w") as err:
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-m", "tests.jobs.ledger.ledger_batches_proc", role, *sizes],
+                cwd=ROOT,
+                env=writer_env(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
     try:
         for proc in procs.values():
             assert read_line(proc) == "ready"
