@@ -24,7 +24,7 @@ from jobs.admin.dashboard import dashboard_context
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.schedules import run_now, schedule_rows
 from jobs.broker import queues, redis_broker
-from jobs.ledger import operations
+from jobs.ledger import intake, operations
 from jobs.ledger.references import (
     Reference,
     actor_named,
@@ -200,6 +200,25 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         ),
         ("Failure", {"fields": ("error_type", "error_message", "failures", "skip_reason")}),
     )
+
+    # --- views ---------------------------------------------------------------
+
+    # First sends reach the ledger through its Redis intake, which the workers
+    # drain every JOBS_LEDGER_FLUSH_MS: a page that lists jobs drains it first,
+    # so a job sent a moment ago is shown (and can be cancelled) even while no
+    # worker runs. Bounded: under a constant stream of sends the page shows
+    # what was written within the second.
+    INTAKE_WAIT = 1.0
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        intake.catch_up(timeout=self.INTAKE_WAIT)
+        return super().changelist_view(request, extra_context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        intake.catch_up(timeout=self.INTAKE_WAIT)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     # --- columns ------------------------------------------------------------
 
@@ -410,6 +429,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return extra + super().get_urls()
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        intake.catch_up(timeout=self.INTAKE_WAIT)
         if not self.has_view_permission(request):
             return HttpResponse(status=403)
         context = {

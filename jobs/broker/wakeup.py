@@ -60,6 +60,16 @@ end
 """
 
 
+# Also before dispatch.lua: a first send's entry in the ledger intake
+# (jobs.ledger.intake), in the same atomic command as the message. ARGV[11] is
+# ours; dispatch.lua's enqueue reads only its first two arguments after ARGV[8].
+_INTAKE_ON_ENQUEUE = """
+if ARGV[1] == "enqueue" and ARGV[11] == "1" then
+    redis.call("rpush", KEYS[1] .. ":ledger.intake", ARGV[3] .. "\\n" .. ARGV[9])
+end
+"""
+
+
 def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
 
@@ -73,6 +83,9 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
     acks_after_ledger = True
     # Read by the Payloads middleware: enqueue() hands it the encoded message.
     calls_check_encoded = True
+    # Read by the Ledger middleware: the enqueue script records the messages it
+    # asks for (``in_ledger_intake``) in the Redis intake.
+    ledger_intake = True
 
     def __init__(
         self,
@@ -89,11 +102,9 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             options["client"] = master_client(sentinels, sentinel_master, url)
         super().__init__(**options)  # type: ignore[no-untyped-call]
         self.instant_wakeup = instant_wakeup
-        dispatch = self.scripts["dispatch"]
-        self._enqueue_script = (
-            self.client.register_script(_WAKE_ON_ENQUEUE.encode() + dispatch.script)
-            if instant_wakeup
-            else dispatch
+        wake = _WAKE_ON_ENQUEUE if instant_wakeup else ""
+        self._enqueue_script = self.client.register_script(
+            (_INTAKE_ON_ENQUEUE + wake).encode() + self.scripts["dispatch"].script
         )
 
     @property
@@ -118,15 +129,24 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         data = message.encode()
         for middleware in self._handlers("check_encoded"):
             middleware.check_encoded(self, message, data)  # type: ignore[attr-defined]
-        self.do_enqueue(queue_name, message.options["redis_message_id"], data)
+        intake = any(
+            middleware.in_ledger_intake(self, message)  # type: ignore[attr-defined]
+            for middleware in self._handlers("in_ledger_intake")
+        )
+        self.do_enqueue(queue_name, message.options["redis_message_id"], data, intake=intake)
         self.emit_after("enqueue", message, delay)
         return message
 
-    def do_enqueue(self, queue_name: str, redis_message_id: str, data: bytes) -> Any:
-        """Dramatiq's ``enqueue`` dispatch and the wake-up token in one command
-        (with the marker and WAIT of ``jobs.broker.replication`` when asked for)."""
+    def do_enqueue(
+        self, queue_name: str, redis_message_id: str, data: bytes, *, intake: bool = False
+    ) -> Any:
+        """Dramatiq's ``enqueue`` dispatch, the wake-up token and (``intake``) the
+        ledger intake entry in one command (with the marker and WAIT of
+        ``jobs.broker.replication`` when asked for)."""
         ack = replication.current_ack()
         args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
+        if intake:
+            args.append(1)
         if ack is None:
             # A plain EVALSHA, as the stock broker sends (redis-py's Script loads
             # the script again when a restarted or promoted server lacks it).

@@ -593,6 +593,16 @@ def record(event: Event, *, durable: bool = False, before_ack: bool = False) -> 
         _batch_writer().add(event, durable=durable, before_ack=before_ack)
 
 
+def write_now(events: list[Event]) -> None:
+    """Write ``events`` in the calling thread (``jobs.ledger.intake``'s drain).
+
+    Raises ``DatabaseUnreachable`` when the database is away, so the caller
+    keeps them; any other failure is logged per job, as for a batch.
+    """
+    stats.events += len(events)
+    _write_safely(events, outage_raises=True)
+
+
 def hold_ack(message_id: str) -> None:
     """The message's ack (via ``after_written``) waits for every event recorded so far."""
     if settings.JOBS_LEDGER_ENABLED and settings.JOBS_LEDGER_FLUSH_MS > 0:
@@ -608,8 +618,14 @@ def after_written(message_id: str, runner: AfterWritten, item: Any) -> bool:
     return writer.after_written(message_id, runner, item)
 
 
-def flush(timeout: float = 10.0) -> bool:
-    """Wait until every event recorded in this process is written."""
-    if _writer is None or _writer.pid != os.getpid():
-        return True
-    return _writer.flush(timeout)
+def flush(timeout: float = 10.0, *, intake: bool = True) -> bool:
+    """Wait until every event recorded in this process is written and, with
+    ``intake``, every job sent so far by any process (``jobs.ledger.intake``)."""
+    done = True
+    if _writer is not None and _writer.pid == os.getpid():
+        done = _writer.flush(timeout)
+    if intake:
+        from jobs.ledger.intake import catch_up  # it builds on this module
+
+        done = catch_up(timeout=timeout) and done
+    return done

@@ -11,18 +11,21 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 import traceback
 from datetime import UTC, datetime
 from typing import Any
 
 import dramatiq
+from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
 from jobs.errors import DEFERRALS, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
+from jobs.ledger.intake import Drainer, is_first_send
 from jobs.ledger.redaction import (
     mask_values,
     redact,
@@ -156,6 +159,25 @@ def _record_before_ack(broker: Broker, event: Event) -> None:
         ledger.record(event, durable=True)
 
 
+def enqueue_event(broker: Broker, message: dramatiq.Message[Any], *, delayed: bool) -> Event:
+    """The "enqueued" (or, on the delay queue, "delayed") event of ``message``."""
+    attempt = _attempt_index(message)
+    update: dict[str, Any] = {"redis_message_id": message.options.get("redis_message_id", "")}
+    if delayed:
+        state, phase = states.DELAYED, PHASE_DELAYED
+        update["next_retry_at"] = _from_millis(message.options.get("eta", time.time() * 1000))
+    else:
+        state, phase = states.ENQUEUED, PHASE_ENQUEUED
+    return Event(
+        message.message_id,
+        state,
+        progress_of(attempt, phase, _deferrals(message)),
+        _create_fields(broker, message),
+        update,
+        subjects=_subjects(broker, message),
+    )
+
+
 class Ledger(dramatiq.Middleware):
     """Records every message's state, attempts, timings and failures.
 
@@ -172,27 +194,27 @@ class Ledger(dramatiq.Middleware):
         # progress, row fields): what after_process_message needs, computed
         # once per delivery.
         self._started: dict[str, tuple[float, datetime, int, int, dict[str, Any]]] = {}
+        # One intake drainer per process, however many workers it runs.
+        self._drainer: Drainer | None = None
+        self._workers = 0
+        self._mutex = threading.Lock()
+
+    def in_ledger_intake(self, broker: Broker, message: dramatiq.Message[Any]) -> bool:
+        """Asked by a broker with ``ledger_intake``: whether its enqueue script
+        records this message in the Redis intake (``jobs.ledger.intake``).
+        Not with ``JOBS_LEDGER_FLUSH_MS`` = 0, which writes every event at once."""
+        return (
+            settings.JOBS_LEDGER_FLUSH_MS > 0
+            and bool(settings.JOBS_LEDGER_ENABLED)
+            and is_first_send(message)
+        )
 
     def after_enqueue(
         self, broker: Broker, message: dramatiq.Message[Any], delay: int | None
     ) -> None:
-        attempt = _attempt_index(message)
-        update: dict[str, Any] = {"redis_message_id": message.options.get("redis_message_id", "")}
-        if delay:
-            state, phase = states.DELAYED, PHASE_DELAYED
-            update["next_retry_at"] = _from_millis(message.options.get("eta", time.time() * 1000))
-        else:
-            state, phase = states.ENQUEUED, PHASE_ENQUEUED
-        ledger.record(
-            Event(
-                message.message_id,
-                state,
-                progress_of(attempt, phase, _deferrals(message)),
-                _create_fields(broker, message),
-                update,
-                subjects=_subjects(broker, message),
-            )
-        )
+        if getattr(broker, "ledger_intake", False) and self.in_ledger_intake(broker, message):
+            return  # the enqueue script put it in the intake
+        ledger.record(enqueue_event(broker, message, delayed=bool(delay)))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         number = _attempt_number(message)
@@ -316,11 +338,28 @@ class Ledger(dramatiq.Middleware):
             ),
         )
 
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        if not getattr(broker, "ledger_intake", False):
+            return
+        with self._mutex:
+            self._workers += 1
+            if self._drainer is None:
+                self._drainer = Drainer(broker)
+                self._drainer.start()
+
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        drainer = None
+        with self._mutex:
+            self._workers = max(self._workers - 1, 0)
+            if self._workers == 0:
+                drainer, self._drainer = self._drainer, None
+        if drainer is not None:
+            drainer.stop()
         # The held acks go with the last batch: a stop that gave up sooner would
         # have every job that ended run again elsewhere. Past this, the stop goes
         # on and they are redelivered (at-least-once, as after a crash).
-        if not ledger.flush(SHUTDOWN_FLUSH_WAIT):
+        # Not the intake: its entries wait in Redis for the next drain.
+        if not ledger.flush(SHUTDOWN_FLUSH_WAIT, intake=False):
             logger.warning(
                 "Job ledger not written within %.0f s of the stop; the jobs that ended "
                 "last will be redelivered",

@@ -37,7 +37,6 @@ from dramatiq.actor import _queue_name_re
 
 from jobs.broker import redis_broker
 from jobs.consistency.outbox import message_send_on_commit
-from jobs.ledger import writer as ledger
 from jobs.observability import logcontext
 from jobs.tasks_framework import results, runner
 from jobs.tasks_framework.compat import (
@@ -189,10 +188,9 @@ class DramatiqBackend(BaseTaskBackend):
             message_send_on_commit(message, delay_ms=delay)
             transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         else:
+            # A get_result() right after finds it: the ledger's intake is read
+            # for a task the ledger does not have yet (results.result_read).
             redis_broker().enqueue(message, delay=delay)
-            # The ledger batches its writes; a get_result() right after enqueue
-            # must find the task, so wait for this one (group commit).
-            ledger.flush()
             task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -165,7 +165,12 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
     # Models are imported in the functions: backends are built (and this module
     # loaded) while task modules are imported, possibly before the app
     # registry is ready.
+    from jobs.ledger import intake
+
     chain = retry_chain(message_id)
+    if not chain and intake.catch_up():
+        # Sent moments ago: its row may still be in the ledger's Redis intake.
+        chain = retry_chain(message_id)
     if not chain:
         return _from_outbox(message_id, backend)
     first, last = chain[0], chain[-1]

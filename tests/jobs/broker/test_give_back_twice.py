@@ -43,12 +43,12 @@ def test_a_give_back_whose_reply_is_lost_does_not_run_the_job_twice(broker, sett
     state = {"retry_refused": False, "reply_lost": False}
     enqueue, dispatch_all = broker.do_enqueue, broker._dispatch_all
 
-    def retry_refused(queue_name: str, redis_id: str, data: bytes) -> Any:
+    def retry_refused(queue_name: str, redis_id: str, data: bytes, **options: Any) -> Any:
         # The retry meets a Redis that is away: the message is to be given back
         if dramatiq.Message.decode(data).options.get("retries") and not state["retry_refused"]:
             state["retry_refused"] = True
             raise redis.ConnectionError("Connection refused")
-        return enqueue(queue_name, redis_id, data)
+        return enqueue(queue_name, redis_id, data, **options)
 
     def reply_lost(held: list[Any]) -> None:
         # The give-back's requeue reaches Redis, its reply does not come back

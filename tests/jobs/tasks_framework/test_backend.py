@@ -292,6 +292,16 @@ def test_it_keeps_run_after_through_the_outbox(broker: dramatiq.Broker) -> None:
     assert queued_messages("default") == []
 
 
+def test_a_result_is_found_right_after_the_enqueue_with_the_shipped_batching(settings) -> None:
+    # Given the shipped 200 ms ledger batches (the suite writes at once), under
+    # which a first send reaches the ledger through its Redis intake
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    # When a task is enqueued and its result asked for at once, with no worker
+    result = add.enqueue(2, 3)
+    # Then it is found, waiting
+    assert add.get_result(result.id).status == TaskResultStatus.READY
+
+
 def test_it_raises_for_an_unknown_id() -> None:
     with pytest.raises(TaskResultDoesNotExist):
         add.get_result("no-such-id")

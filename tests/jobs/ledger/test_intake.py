@@ -1,0 +1,201 @@
+"""First sends reach the ledger through its Redis intake (``jobs.ledger.intake``).
+
+Each test sets the shipped 200 ms ledger batches: the suite writes events at
+once in-process (tests/conftest.py), and with ``JOBS_LEDGER_FLUSH_MS`` = 0 the
+sender writes its own row, no intake involved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from jobs.ledger import intake
+from jobs.ledger import writer as ledger
+from jobs.ledger.writer import DatabaseUnreachable
+from jobs.middleware import ledger as ledger_middleware
+from jobs.models import Job
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "intake-test"
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=4, refers_to={"user_id": "auth.User"})
+def greet(user_id: int, token: str = "") -> None:
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _batched(settings: Any) -> None:
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+
+
+def entries(broker: dramatiq.Broker) -> list[bytes]:
+    key = intake.intake_key(broker.namespace)  # type: ignore[attr-defined]
+    return list(broker.client.lrange(key, 0, -1))  # type: ignore[attr-defined]
+
+
+def lock_key(broker: dramatiq.Broker) -> str:
+    return intake.intake_key(broker.namespace) + ".lock"  # type: ignore[attr-defined]
+
+
+def test_a_first_send_costs_its_sender_no_ledger_event_and_waits_in_the_intake(
+    broker: dramatiq.Broker,
+) -> None:
+    # Given nothing recorded by this process yet
+    events_before = ledger.stats.events
+
+    # When a job is sent
+    message = greet.send(7, token="t0ps3cret")
+
+    # Then this process built no event for it, and Redis holds its entry
+    # beside the message (same enqueue command)
+    assert ledger.stats.events == events_before
+    redis_id = message.options["redis_message_id"]
+    assert entries(broker) == [f"{QUEUE}\n{redis_id}".encode()]
+    assert not Job.objects.filter(message_id=message.message_id).exists()
+
+    # When a reader catches up, the row is what the sender used to write
+    assert intake.catch_up()
+    job = Job.objects.get(message_id=message.message_id)
+    expected = ledger_middleware._create_fields(broker, message)
+    assert {name: getattr(job, name) for name in expected} == expected
+    assert (job.state, job.redis_message_id, job.max_attempts) == ("enqueued", redis_id, 5)
+    assert job.kwargs == {"token": "[redacted]"}
+    assert list(job.references.values_list("subject", flat=True)) == ["auth.user:7"]
+    assert entries(broker) == []
+
+
+def test_a_delayed_first_send_is_recorded_delayed_until_its_eta(broker: dramatiq.Broker) -> None:
+    message = greet.send_with_options(args=(1,), delay=60_000)
+
+    assert ledger.flush()  # the intake too
+
+    job = Job.objects.get(message_id=message.message_id)
+    assert job.state == "delayed"
+    assert job.next_retry_at is not None
+    assert job.next_retry_at.timestamp() == pytest.approx(message.options["eta"] / 1000, abs=1)
+    assert job.queue_name == QUEUE
+
+
+def test_a_worker_drains_the_intake_with_no_reader_asking(broker: dramatiq.Broker) -> None:
+    # Given a running worker and a job that will wait an hour in the delay queue
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        message = greet.send_with_options(args=(2,), delay=3_600_000)
+
+        # Then its row appears within a few of the worker's ledger intervals
+        wait_until(
+            lambda: Job.objects.filter(message_id=message.message_id, state="delayed").exists(),
+            timeout=5,
+        )
+        wait_until(lambda: entries(broker) == [], timeout=5)
+    finally:
+        worker.stop()
+
+
+def test_an_entry_whose_message_already_went_is_dropped(broker: dramatiq.Broker) -> None:
+    # Given a job whose message left Redis before its entry was read (the
+    # worker ran and acked it, and its own events carried the row)
+    message = greet.send(3)
+    redis_id = message.options["redis_message_id"]
+    broker.client.hdel(f"{broker.namespace}:{QUEUE}.msgs", redis_id)  # type: ignore[attr-defined]
+
+    # When the intake is drained, the entry goes and no "enqueued" row appears
+    assert intake.catch_up()
+    assert entries(broker) == []
+    assert not Job.objects.filter(message_id=message.message_id).exists()
+
+
+def test_entries_stay_until_their_rows_are_committed(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a database that cannot be reached
+    message = greet.send(4)
+
+    def unreachable(events: list[ledger.Event], **kwargs: Any) -> None:
+        raise DatabaseUnreachable("connection refused")
+
+    monkeypatch.setattr(ledger, "_write_safely", unreachable)
+
+    # When the intake is drained, nothing is lost: the entry stays
+    assert not intake.catch_up(timeout=0.2)
+    assert len(entries(broker)) == 1
+    assert not broker.client.exists(lock_key(broker))  # type: ignore[attr-defined]
+
+    # And once the database answers, the next drain writes it
+    monkeypatch.undo()
+    assert intake.catch_up()
+    assert Job.objects.get(message_id=message.message_id).state == "enqueued"
+    assert entries(broker) == []
+
+
+def test_a_drainer_whose_lock_expired_leaves_the_trim_to_its_successor(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a drainer whose lock expires, and is taken by another, during its
+    # write (a stalled process), while a new job is sent behind its batch
+    first = greet.send(5)
+    write_now = ledger.write_now
+
+    def slow_write(events: list[ledger.Event]) -> None:
+        write_now(events)
+        broker.client.set(lock_key(broker), "another-drainer")  # type: ignore[attr-defined]
+        greet.send(6)
+
+    monkeypatch.setattr(ledger, "write_now", slow_write)
+
+    # When it finishes its batch, it does not trim what the other may be reading
+    assert not intake.drain(broker)
+    assert len(entries(broker)) == 2
+    assert broker.client.get(lock_key(broker)) == b"another-drainer"  # type: ignore[attr-defined]
+
+    # And the successor writes both (the first twice, idempotently)
+    monkeypatch.undo()
+    broker.client.delete(lock_key(broker))  # type: ignore[attr-defined]
+    assert intake.drain(broker)
+    assert entries(broker) == []
+    assert Job.objects.filter(actor_name="greet").count() == 2
+    assert Job.objects.get(message_id=first.message_id).state == "enqueued"
+
+
+def test_a_reader_waits_while_another_process_drains(broker: dramatiq.Broker) -> None:
+    greet.send(8)
+    broker.client.set(lock_key(broker), "another-drainer", px=300)  # type: ignore[attr-defined]
+
+    # A drain that finds the lock taken leaves the entries to its holder
+    assert not intake.drain(broker)
+    assert len(entries(broker)) == 1
+    # A reader waits for it (here: until the holder's lock expires), then drains
+    assert intake.catch_up(timeout=3)
+    assert entries(broker) == []
+    assert Job.objects.filter(actor_name="greet").count() == 1
+
+
+def test_without_batching_the_sender_writes_its_row_at_once(
+    broker: dramatiq.Broker, settings: Any
+) -> None:
+    # JOBS_LEDGER_FLUSH_MS = 0 asks for every event written at once, by its process
+    settings.JOBS_LEDGER_FLUSH_MS = 0
+    message = greet.send(9)
+    assert entries(broker) == []
+    assert Job.objects.get(message_id=message.message_id).state == "enqueued"
+
+
+def test_the_admin_lists_a_job_sent_a_moment_ago_with_no_worker_running(
+    client: Client,
+) -> None:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    message = greet.send(10)
+
+    page = client.get("/admin/jobs/job/")
+
+    assert page.status_code == 200
+    assert message.message_id in page.content.decode()
