@@ -31,6 +31,7 @@ from typing import Any
 
 import dramatiq
 from django.conf import settings
+from dramatiq.brokers.redis import RedisBroker
 
 from bench import procs
 from bench.registry import Context, Row, Variants, measured, scenario
@@ -63,8 +64,17 @@ STACKS = {
 
 
 def _stock_broker() -> WakeupRedisBroker:
-    # instant_wakeup=False sends exactly what dramatiq's RedisBroker sends.
+    # instant_wakeup=False puts on the wire exactly what dramatiq's RedisBroker
+    # does (for the pipelined fills and the stock workers' queues).
     return WakeupRedisBroker(url=settings.BROKER_REDIS_URL, instant_wakeup=False)
+
+
+def _dramatiq_broker() -> dramatiq.Broker:
+    """Dramatiq's own RedisBroker with its default middleware: the sender a
+    raw Dramatiq user has. Not ``_stock_broker()``: our broker class also packs
+    its enqueue command by hand (jobs.broker.packed), which is part of what the
+    full stack is measured on, not of the baseline."""
+    return RedisBroker(url=settings.BROKER_REDIS_URL)  # type: ignore[no-untyped-call]
 
 
 # A fresh ledger database per drain: called with the drain's tag, it yields the
@@ -293,7 +303,7 @@ def idle_latency(context: Context) -> list[Row]:
     variants = [
         ("raw, wake-up", WakeupRedisBroker(url=url), {**raw, "BENCH_BROKER": "wakeup"}),
         ("full stack, wake-up", dramatiq.get_broker(), procs.base_env(BENCH_STACK="django")),
-        ("raw dramatiq", _stock_broker(), raw),
+        ("raw dramatiq", _dramatiq_broker(), raw),
     ]
     measured_ms = {
         label: _latencies(b, env, count=count, context=context) for label, b, env in variants
@@ -327,7 +337,7 @@ def idle_latency(context: Context) -> list[Row]:
 )
 def enqueue_single() -> Variants:
     ours = _sender(dramatiq.get_broker())
-    raw = _sender(_stock_broker())
+    raw = _sender(_dramatiq_broker())
 
     def candidate(n: int) -> None:
         for _ in range(n):
@@ -338,6 +348,57 @@ def enqueue_single() -> Variants:
             raw(0.0)
 
     return Variants(candidate, baseline, "full stack", "raw dramatiq", teardown=_flush_broker)
+
+
+@measured(
+    "intake-drain",
+    "first sends' ledger rows: drained from the Redis intake vs built and written by the sender",
+)
+def intake_drain(context: Context) -> list[Row]:
+    """What the intake moved off ``send()`` costs where it went.
+
+    Both sides write the same rows into an empty ledger: the drainer reads
+    the intake and the messages back from Redis; the baseline builds the events
+    in process, as the sender's Ledger middleware did before the intake.
+    """
+    from jobs.ledger import intake
+    from jobs.ledger import writer as ledger
+    from jobs.middleware.ledger import enqueue_event
+    from jobs.models import Job
+
+    n = 500 if context.quick else 5_000
+    broker = dramatiq.get_broker()
+    send = _sender(broker)
+    drained: list[float] = []
+    built: list[float] = []
+    for _ in range(context.runs):
+        _flush_broker()
+        Job.objects.all().delete()
+        for _ in range(n):
+            send(0.0)
+        started = time.perf_counter()
+        intake.drain(broker)
+        drained.append(n / (time.perf_counter() - started))
+        messages = [
+            dramatiq.Message.decode(data)
+            for data in broker.client.hvals(f"{broker.namespace}:bench.msgs")  # type: ignore[attr-defined]
+        ]
+        Job.objects.all().delete()
+        started = time.perf_counter()
+        ledger.write_now([enqueue_event(broker, m, delayed=False) for m in messages])
+        built.append(n / (time.perf_counter() - started))
+    _flush_broker()
+    Job.objects.all().delete()
+    drain_rate, build_rate = statistics.median(drained), statistics.median(built)
+    return [
+        Row(
+            "intake drain",
+            f"{drain_rate:,.0f} rows/s",
+            "built by the sender",
+            f"{build_rate:,.0f} rows/s",
+            f"{drain_rate / build_rate:.2f}x",
+        )
+    ]
 
 
 @scenario(
@@ -363,7 +424,9 @@ def enqueue_bulk() -> Variants:
 def _flush_broker() -> None:
     from jobs.ledger import writer as ledger
 
-    ledger.flush()
+    # Not the intake: its entries go with the flush (the workers' drain is not
+    # the sender's cost; its own rate is the intake-drain scenario's).
+    ledger.flush(intake=False)
     redis_broker().client.flushdb()
 
 

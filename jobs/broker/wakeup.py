@@ -37,6 +37,7 @@ from dramatiq.errors import ConnectionClosed
 from jobs.broker import replication
 from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.hooks import QuietHooks
+from jobs.broker.packed import PackedEnqueue
 from jobs.broker.sentinel import master_client
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,9 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         self._enqueue_script = self.client.register_script(
             (_INTAKE_ON_ENQUEUE + wake).encode() + self.scripts["dispatch"].script
         )
+        # Built at the first send: it asks Redis for the Lua stack size, and
+        # nothing may talk to Redis while Django starts.
+        self._packed: PackedEnqueue | None = None
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
@@ -144,9 +148,22 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         ledger intake entry in one command (with the marker and WAIT of
         ``jobs.broker.replication`` when asked for)."""
         ack = replication.current_ack()
-        args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
-        if intake:
-            args.append(1)
+        extra = (1,) if intake else ()
+        if ack is None:
+            try:
+                packed = self._packed or self._pack_enqueue()
+                command = packed.pack(
+                    current_millis(),
+                    queue_name,
+                    self._should_do_maintenance("enqueue"),
+                    redis_message_id,
+                    data,
+                    extra,
+                )
+                return packed.send(command)
+            except (redis.exceptions.NoScriptError, redis.ConnectionError, redis.TimeoutError):
+                pass  # sent again below, as the stock broker sends (jobs.broker.packed)
+        args = [*self._dispatch_args("enqueue", queue_name, redis_message_id, data), *extra]
         if ack is None:
             # A plain EVALSHA, as the stock broker sends (redis-py's Script loads
             # the script again when a restarted or promoted server lacks it).
@@ -161,6 +178,18 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             replies, waited = self._enqueue_pipeline(args, ack)
         replication.check_ack(self.client, ack, waited, replies)
         return replies[0]
+
+    def _pack_enqueue(self) -> PackedEnqueue:
+        self._packed = PackedEnqueue(
+            self.client,
+            self._enqueue_script.sha,
+            self.namespace,
+            self.broker_id,
+            self.heartbeat_timeout,
+            self.dead_message_ttl,
+            self._max_unpack_size(),  # type: ignore[no-untyped-call]
+        )
+        return self._packed
 
     def _enqueue_pipeline(
         self, args: list[Any], ack: replication.ReplicaAck
