@@ -38,8 +38,11 @@ from django.conf import settings
 from django.core.cache import caches
 from django.db import transaction
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from jobs.broker import packed
 from jobs.broker.scripts import LuaScript
 from jobs.consistency.connection import default_redis
 from jobs.consistency.dedup import send_unique
@@ -135,13 +138,24 @@ def cached(namespace: str, key: str, loader: Callable[[], T], *, ttl: float = 30
     """The cached value of ``key`` in ``namespace``; on a miss, ``loader()`` (one caller)."""
     client, codec = _client_and_codec()
     value_key = _value_key(namespace, key)
-    version, raw = cast(list[bytes | None], client.mget(_version_key(namespace), value_key))
+    version, raw = _read(client, _version_key(namespace), value_key)
     stamp = (version or b"0") + b"|"
     if raw is not None and raw.startswith(stamp):
         _counters.count(client, namespace + ":hits")
         return cast(T, codec.decode(raw[len(stamp) :]))
     _counters.count(client, namespace + ":misses")
     return _fill(client, value_key, stamp, loader, ttl)
+
+
+def _read(client: Redis, version_key: str, value_key: str) -> list[bytes | None]:
+    """MGET of the namespace version and the value, packed by hand (a hit is
+    this and nothing else; redis-py's own call cost the hit ~5% against a
+    plain ``cache.get``). An error goes through the client's own call."""
+    command = packed.pack(b"MGET", version_key.encode(), value_key.encode())
+    try:
+        return cast(list[bytes | None], packed.send(client, command))
+    except (RedisConnectionError, RedisTimeoutError):
+        return cast(list[bytes | None], client.mget(version_key, value_key))
 
 
 def _fill(client: Redis, value_key: str, stamp: bytes, loader: Callable[[], T], ttl: float) -> T:
