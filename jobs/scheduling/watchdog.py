@@ -28,7 +28,7 @@ from django_redis import get_redis_connection
 from jobs.broker import queues, redis_broker, workers
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
 from jobs.consistency.locks import held_since_ms
-from jobs.ledger import states
+from jobs.ledger import intake, states
 from jobs.ledger.writer import (
     PHASE_DELAYED,
     PHASE_ENQUEUED,
@@ -246,6 +246,9 @@ def reconcile_stalled_jobs() -> list[Finding]:
     without a worker is presumed dead once it outran its time limit plus
     ``WATCHDOG_GRACE_S``.
     """
+    # First sends the workers have not drained yet: a row is judged against
+    # the latest Redis id the ledger can know.
+    intake.catch_up()
     now = timezone.now()
     grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
     findings = []
