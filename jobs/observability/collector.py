@@ -63,6 +63,16 @@ class StateCollector(Collector):
             logger.warning("Could not read cache counters for metrics", exc_info=True)
         yield from (hits, misses)
 
+        intake = GaugeMetricFamily(
+            "jobs_ledger_intake_waiting",
+            "First sends waiting in Redis for the workers to write their ledger rows",
+        )
+        try:
+            intake.add_metric([], _intake_waiting())
+        except Exception:
+            logger.warning("Could not read the ledger intake for metrics", exc_info=True)
+        yield intake
+
         workers = GaugeMetricFamily("jobs_workers_alive", "Worker processes with a fresh heartbeat")
         try:
             workers.add_metric([], len(live_workers()))
@@ -79,6 +89,14 @@ class StateCollector(Collector):
         except Exception:
             logger.warning("Could not count stuck jobs for metrics", exc_info=True)
         yield stuck
+
+
+def _intake_waiting() -> int:
+    from jobs.broker import redis_broker
+    from jobs.ledger.intake import intake_key
+
+    broker = redis_broker()
+    return int(broker.client.llen(intake_key(broker.namespace)))
 
 
 def _stuck_jobs() -> int:

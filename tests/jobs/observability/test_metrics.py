@@ -18,6 +18,7 @@ from django_redis import get_redis_connection
 
 from jobs.consistency.cache import cached
 from jobs.consistency.locks import redis_lock
+from jobs.ledger import writer as ledger
 from tests.conftest import join
 from tests.jobs.ledger.test_ledger import QUEUE, calls, fail_permanently, fail_times, succeed
 
@@ -96,6 +97,18 @@ def test_queue_depth_is_read_from_redis(client: Client) -> None:
     assert value(text, "jobs_queue_waiting", queue=QUEUE) == 3
     assert value(text, "jobs_queue_oldest_age_seconds", queue=QUEUE) >= 0
     assert "jobs_queue_dead" in text
+
+
+def test_the_ledger_intake_backlog_is_read_from_redis(client: Client, settings) -> None:
+    # Given the shipped ledger batching (first sends go through the intake) and
+    # no worker to drain it
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    for n in range(3):
+        succeed.send(n)
+    assert sample(scrape(client), "jobs_ledger_intake_waiting") == 3
+    # Once drained (here by a reader), nothing waits
+    assert ledger.flush()
+    assert sample(scrape(client), "jobs_ledger_intake_waiting") == 0
 
 
 def test_cache_and_lock_metrics_move_when_the_toolkit_is_used(client: Client) -> None:
