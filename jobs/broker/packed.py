@@ -9,10 +9,12 @@ parts that never change for a broker (script hash, namespace, broker id,
 timeouts) are packed once, and a send packs only its own values. ``cached()``'s
 hit (one MGET) goes the same way.
 
-A failure falls back to the client's own call, with its retries, exactly as
-the stock broker sends: a script missing from a restarted or promoted server
-(redis-py's ``Script`` loads it), a connection refused or cut. A command cut
-after the server ran it may then run twice, as with redis-py's own retries.
+A command that never reached the server (``NotSent``: no connection, or cut
+while being written) and a script missing from a restarted or promoted server
+fall back to the client's own call, exactly as the stock broker sends (redis-py's
+``Script`` loads the script). A reply that does not come back is raised to the
+sender, as the stock broker does (its client makes no retries): the server may
+have run the command, so sending it again could enqueue the message twice.
 """
 
 from __future__ import annotations
@@ -35,14 +37,29 @@ def pack(*parts: bytes) -> bytes:
     return b"*%d\r\n%s" % (len(parts), b"".join(map(_bulk, parts)))
 
 
+class NotSent(Exception):
+    """The command never reached the server whole (no connection, or cut while
+    being written): sending it again cannot run it twice."""
+
+
 def send(client: redis.Redis, packed: bytes) -> Any:
-    """Send ``packed`` on one of ``client``'s pooled connections and read its
-    reply; raises what redis-py raises (the connection is dropped on an error
-    that leaves it unusable)."""
+    """Send ``packed`` on one of ``client``'s pooled connections and read its reply.
+
+    Raises ``NotSent`` when the command was not written, and what redis-py
+    raises once it was: a reply that never came (a timeout, a connection cut
+    after the write) may still have run, and is the caller's to report, not
+    to send again. The connection is dropped on any such error.
+    """
     pool = client.connection_pool
-    connection = pool.get_connection()
     try:
-        connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        connection = pool.get_connection()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise NotSent(str(exc)) from exc
+    try:
+        try:
+            connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise NotSent(str(exc)) from exc
         return connection.read_response()
     finally:
         pool.release(connection)

@@ -37,7 +37,7 @@ from dramatiq.errors import ConnectionClosed
 from jobs.broker import replication
 from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.hooks import QuietHooks
-from jobs.broker.packed import PackedEnqueue
+from jobs.broker.packed import NotSent, PackedEnqueue
 from jobs.broker.sentinel import master_client
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
                     extra,
                 )
                 return packed.send(command)
-            except (redis.exceptions.NoScriptError, redis.ConnectionError, redis.TimeoutError):
+            except (redis.exceptions.NoScriptError, NotSent):
                 pass  # sent again below, as the stock broker sends (jobs.broker.packed)
         args = [*self._dispatch_args("enqueue", queue_name, redis_message_id, data), *extra]
         if ack is None:

@@ -154,7 +154,8 @@ def _read(client: Redis, version_key: str, value_key: str) -> list[bytes | None]
     command = packed.pack(b"MGET", version_key.encode(), value_key.encode())
     try:
         return cast(list[bytes | None], packed.send(client, command))
-    except (RedisConnectionError, RedisTimeoutError):
+    except (packed.NotSent, RedisConnectionError, RedisTimeoutError):
+        # A read: asking again cannot do anything twice.
         return cast(list[bytes | None], client.mget(version_key, value_key))
 
 

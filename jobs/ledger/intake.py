@@ -48,13 +48,18 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 # A drainer that dies holding the lock holds up the intake this long.
 LOCK_MS = 10_000
+# After Redis failed a reader's catch-up, readers do not ask again for this
+# long: an admin page while Redis is away costs one probe, not one per page.
+READER_BACKOFF_S = 5.0
 
-# KEYS: intake, lock; ARGV: token, entries taken. Trims only for the lock's
-# holder (one whose lock expired mid-batch leaves the trim to its successor,
-# which read the same entries) and renews the lock for the next batch.
+# KEYS: intake, lock; ARGV: token, entries taken, entries to keep (pushed back
+# at the tail). Trims only for the lock's holder (one whose lock expired
+# mid-batch leaves the trim to its successor, which read the same entries) and
+# renews the lock for the next batch.
 _TRIM = f"""
 if redis.call("get", KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call("ltrim", KEYS[1], ARGV[2], -1)
+if #ARGV > 2 then redis.call("rpush", KEYS[1], unpack(ARGV, 3)) end
 redis.call("pexpire", KEYS[2], {LOCK_MS})
 return 1
 """
@@ -75,76 +80,106 @@ def is_first_send(message: dramatiq.Message[Any]) -> bool:
     return options.get("retries") is None and PAUSE_REQUEUES not in options
 
 
-def _events(broker: Any, entries: list[bytes]) -> list[Event]:
+def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[bytes]]:
+    """The events of ``entries``, and the entries to keep for another process:
+    those of an actor this one does not know (a rolling deploy's new actor),
+    whose arguments it could not redact by parameter name."""
     from jobs.middleware.ledger import enqueue_event  # the middleware builds the event
 
-    by_queue: dict[str, list[str]] = {}
+    by_queue: dict[str, list[bytes]] = {}
     for entry in entries:
-        queue_name, _, redis_id = entry.decode().partition("\n")
-        by_queue.setdefault(queue_name, []).append(redis_id)
+        by_queue.setdefault(entry.decode().partition("\n")[0], []).append(entry)
     pipe = broker.client.pipeline(transaction=False)
-    for queue_name, ids in by_queue.items():
+    for queue_name, queued in by_queue.items():
+        ids = [entry.decode().partition("\n")[2] for entry in queued]
         pipe.hmget(f"{broker.namespace}:{queue_name}.msgs", ids)
-    events = []
-    for (queue_name, _), found in zip(by_queue.items(), pipe.execute(), strict=True):
+    events, kept = [], []
+    for (queue_name, queued), found in zip(by_queue.items(), pipe.execute(), strict=True):
         delayed = queue_name != q_name(queue_name)
-        for data in found:
+        for entry, data in zip(queued, found, strict=True):
             if data is None:  # ran (or cancelled) already: its row came with it
                 continue
             try:
                 message = dramatiq.Message.decode(data)
+                if message.actor_name not in broker.actors:
+                    kept.append(entry)
+                    continue
                 events.append(enqueue_event(broker, message, delayed=delayed))
             except Exception:
                 # Never the whole batch for one message: its row comes when it runs.
                 logger.exception("Job ledger intake: could not record a queued message")
-    return events
+    return events, kept
 
 
-def drain(broker: Any, *, deadline: float | None = None) -> bool:
-    """Write the intake's entries to the database; False when another process
-    is draining it now (or the database is unreachable), so some may be left.
+def drain(broker: Any, *, deadline: float | None = None) -> bool | None:
+    """Write the entries the intake holds now to the database.
 
-    Runs until the intake is empty or, past ``deadline`` (monotonic), after the
-    batch in hand.
+    True when done; False when ``deadline`` (monotonic, checked after each
+    batch) passed with some left, so call again; None when it could not drain
+    now: another process is draining, the database is unreachable, or the
+    caller is inside a transaction (its rows would be rolled back with it
+    after their entries were trimmed).
     """
+    if connection.in_atomic_block:
+        return None
     client = broker.client
     key, lock = intake_key(broker.namespace), intake_key(broker.namespace) + ".lock"
-    if not client.llen(key):  # the usual case, and no write to Redis for it
+    present = client.llen(key)
+    if not present:  # the usual case, and no write to Redis for it
         return True
     token = uuid4().hex
     if not client.set(lock, token, nx=True, px=LOCK_MS):
-        return False
+        return None
     try:
-        while True:
-            entries = client.lrange(key, 0, BATCH - 1)
+        # Those present now: entries sent meanwhile, and those kept for
+        # another process, are for the next call.
+        while present > 0:
+            entries = client.lrange(key, 0, min(BATCH, present) - 1)
             if not entries:
                 return True
-            events = _events(broker, entries)
+            events, kept = _events(broker, entries)
             if events:
                 writer.write_now(events)
-            if not client.eval(_TRIM, 2, key, lock, token, len(entries)):
+            if not client.eval(_TRIM, 2, key, lock, token, len(entries), *kept):
+                return None
+            present -= len(entries)
+            if present > 0 and deadline is not None and time.monotonic() > deadline:
                 return False
-            if deadline is not None and time.monotonic() > deadline:
-                return not client.llen(key)
+        return True
     except DatabaseUnreachable as exc:
         logger.warning("Job ledger intake: database unreachable, entries kept: %s", exc)
-        return False
+        return None
     finally:
         client.eval(_RELEASE, 1, lock, token)
 
 
-def catch_up(broker: Any | None = None, timeout: float = 2.0) -> bool:
+_reader_backoff_until = 0.0
+
+
+def catch_up(broker: Any = None, timeout: float = 2.0) -> bool:
     """Have every job sent so far in the database (for a reader that must see
-    them now): drain, or wait for the process draining. False when the intake
-    was not empty within ``timeout`` seconds (a constant stream of sends, an
-    unreachable database or Redis); never raises."""
+    them now): drain, or wait for the process draining. False when that was
+    not done within ``timeout`` seconds (a long backlog, an unreachable
+    database or Redis, a caller inside a transaction); never raises.
+
+    Redis is first asked from a helper thread waited for at most ``timeout``,
+    so a stalled server costs the reader that long, not the client's connect
+    and socket timeouts; after a failure, readers skip the intake for
+    ``READER_BACKOFF_S``.
+    """
+    global _reader_backoff_until
     if not settings.JOBS_LEDGER_ENABLED:
         return True
-    broker = broker or dramatiq.get_broker()
+    broker = broker if broker is not None else dramatiq.get_broker()
     if not getattr(broker, "ledger_intake", False):
         return True
-    deadline = time.monotonic() + timeout
+    now = time.monotonic()
+    if now < _reader_backoff_until or connection.in_atomic_block:
+        return False
+    deadline = now + timeout
     try:
+        if not _waiting(broker, timeout):
+            return True
         while True:
             if drain(broker, deadline=deadline):
                 return True
@@ -152,8 +187,30 @@ def catch_up(broker: Any | None = None, timeout: float = 2.0) -> bool:
                 return False
             time.sleep(0.01)
     except Exception:
+        _reader_backoff_until = time.monotonic() + READER_BACKOFF_S
         logger.warning("Job ledger intake not read (Redis unreachable?)", exc_info=True)
         return False
+
+
+def _waiting(broker: Any, timeout: float) -> int:
+    """The intake's length, asked from a thread waited for at most ``timeout``
+    (which goes on alone, until the client's own timeouts, if Redis stalls)."""
+    answer: list[Any] = []
+
+    def ask() -> None:
+        try:
+            answer.append(int(broker.client.llen(intake_key(broker.namespace))))
+        except Exception as exc:
+            answer.append(exc)
+
+    thread = threading.Thread(target=ask, name="job-ledger-intake-probe", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not answer:
+        raise TimeoutError(f"Redis did not answer within {timeout:.1f} s")
+    if isinstance(answer[0], Exception):
+        raise answer[0]
+    return int(answer[0])
 
 
 class Drainer:
@@ -182,7 +239,11 @@ class Drainer:
             if self.stopping.wait(interval * (1 + min(failures, 20))):
                 return
             try:
-                drain(self.broker)
+                # A pass at a time, releasing the lock between passes: a reader
+                # (an admin page) gets its turn during a long backlog.
+                while drain(self.broker, deadline=time.monotonic() + interval) is False:
+                    if self.stopping.wait(0.01):
+                        return
                 failures = 0
             except Exception:
                 failures += 1

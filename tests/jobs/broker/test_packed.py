@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import dramatiq
 import pytest
@@ -77,3 +82,59 @@ def test_payloads_of_any_size_arrive_intact(broker: WakeupRedisBroker, size: int
     text = "x" * size
     note.send(text)
     assert [m.args[0] for m in queued_messages(QUEUE)] == [text]
+
+
+class DelayingProxy:
+    """A TCP proxy to Redis that holds back the next reply once armed (a slow
+    network or a stalled server, seen from the client)."""
+
+    def __init__(self, upstream: int, delay: float) -> None:
+        self.upstream, self.delay = upstream, delay
+        self.armed = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.server.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream))
+                threading.Thread(
+                    target=self._pipe, args=(client, upstream, False), daemon=True
+                ).start()
+                threading.Thread(
+                    target=self._pipe, args=(upstream, client, True), daemon=True
+                ).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        with contextlib.suppress(OSError), source, sink:
+            while data := source.recv(65536):
+                if replies and self.armed.is_set():
+                    self.armed.clear()
+                    time.sleep(self.delay)
+                sink.sendall(data)
+
+
+def test_a_reply_that_comes_too_late_is_an_error_not_a_second_enqueue(redis_server: str) -> None:
+    # Given a broker whose client waits 0.5 s for a reply, behind a link that
+    # will hold back one reply for 1.5 s (the server runs the command at once)
+    port = urlsplit(redis_server).port
+    assert port is not None
+    proxy = DelayingProxy(port, delay=1.5)
+    slow = WakeupRedisBroker(url=f"redis://127.0.0.1:{proxy.port}/0?socket_timeout=0.5")
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=QUEUE, actor_name="note", args=("a",), kwargs={}, options={}
+    )
+    slow.enqueue(message)
+
+    # When a send's reply comes too late
+    proxy.armed.set()
+    with pytest.raises(redis.TimeoutError):
+        slow.enqueue(message.copy(args=("b",)))
+    time.sleep(2)  # the held reply, then nothing more
+
+    # Then the sender was told, as the stock broker tells it, and the message
+    # is in its queue once: no second send of a command that may have run
+    assert sorted(m.args[0] for m in queued_messages(QUEUE)) == ["a", "b"]
+    proxy.server.close()

@@ -7,13 +7,17 @@ sender writes its own row, no intake involved.
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import dramatiq
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 
+from jobs.broker.wakeup import WakeupRedisBroker
 from jobs.ledger import intake
 from jobs.ledger import writer as ledger
 from jobs.ledger.writer import DatabaseUnreachable
@@ -199,3 +203,108 @@ def test_the_admin_lists_a_job_sent_a_moment_ago_with_no_worker_running(
 
     assert page.status_code == 200
     assert message.message_id in page.content.decode()
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_reader_inside_a_transaction_that_rolls_back_loses_no_row(
+    broker: dramatiq.Broker,
+) -> None:
+    # Given someone's job waiting in the intake
+    other = greet.send(11)
+
+    # When a reader inside a transaction (a view under ATOMIC_REQUESTS) asks
+    # for every job, and its transaction then rolls back
+    def read_then_roll_back() -> None:
+        with transaction.atomic():
+            assert not intake.catch_up()
+            raise Boom
+
+    with pytest.raises(Boom):
+        read_then_roll_back()
+
+    # Then the job is still on its way to the ledger, and gets there
+    assert len(entries(broker)) == 1
+    assert intake.catch_up()
+    assert Job.objects.filter(message_id=other.message_id).exists()
+
+
+def test_an_entry_of_an_actor_this_process_does_not_know_is_kept_for_one_that_does(
+    broker: dramatiq.Broker,
+) -> None:
+    # Given a job of an actor this process lacks (a rolling deploy: a new actor
+    # sent by an upgraded web process, drained by an older worker), behind
+    # one it knows
+    unknown = broker.enqueue(
+        dramatiq.Message(
+            queue_name=QUEUE, actor_name="added_in_next_release", args=(1,), kwargs={}, options={}
+        ),
+        delay=3_600_000,
+    )
+    known = greet.send(12)
+
+    # When this process drains, it writes the one it knows and keeps the other
+    assert intake.catch_up()
+    assert Job.objects.filter(message_id=known.message_id).exists()
+    assert not Job.objects.filter(message_id=unknown.message_id).exists()
+    assert len(entries(broker)) == 1
+
+    # And a process that knows the actor writes it
+    @dramatiq.actor(actor_name="added_in_next_release", queue_name=QUEUE)
+    def added_in_next_release(n: int) -> None:
+        pass
+
+    try:
+        assert intake.catch_up()
+    finally:
+        del broker.actors["added_in_next_release"]
+    assert Job.objects.get(message_id=unknown.message_id).state == "delayed"
+    assert entries(broker) == []
+
+
+def test_a_drain_with_a_deadline_stops_after_a_batch_and_frees_the_lock(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a backlog of three batches
+    monkeypatch.setattr(intake, "BATCH", 2)
+    for n in range(6):
+        greet.send(n)
+
+    # When a drainer's pass has a deadline already past, it writes one batch
+    # and lets a reader have the lock
+    assert intake.drain(broker, deadline=0.0) is False
+    assert len(entries(broker)) == 4
+    assert not broker.client.exists(lock_key(broker))  # type: ignore[attr-defined]
+    assert intake.drain(broker) is True
+    assert Job.objects.filter(actor_name="greet").count() == 6
+
+
+def test_a_stalled_redis_costs_a_reader_its_timeout_not_the_socket_timeout(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a Redis that accepts connections and never answers, behind a
+    # client whose socket timeout is 10 s (the broker's)
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    stalled = WakeupRedisBroker(
+        url=f"redis://127.0.0.1:{port}/0?socket_connect_timeout=2&socket_timeout=10"
+    )
+    monkeypatch.setattr(intake, "_reader_backoff_until", 0.0)
+    try:
+        # When a reader catches up with the admin's 1 s budget
+        started = time.monotonic()
+        assert not intake.catch_up(stalled, timeout=1.0)
+        first = time.monotonic() - started
+        # Then it gave up within about that budget, and the next reader does
+        # not ask again at once
+        started = time.monotonic()
+        assert not intake.catch_up(stalled, timeout=1.0)
+        second = time.monotonic() - started
+    finally:
+        server.close()
+    assert first < 3, first
+    assert second < 0.1, second
