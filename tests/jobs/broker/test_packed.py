@@ -32,7 +32,8 @@ def test_it_packs_the_bytes_redis_py_would_send(broker: WakeupRedisBroker) -> No
     args = broker._dispatch_args("enqueue", "queue-é", "id-1", data)
 
     # Then our bytes are redis-py's own packing of the same EVALSHA
-    connection = broker.client.connection_pool.make_connection()
+    # (a connection of the pool's kind, never connected: packing needs no server)
+    connection: Any = redis.Connection(**broker.client.connection_pool.connection_kwargs)  # type: ignore[no-untyped-call]
     expected = b"".join(
         connection.pack_command("EVALSHA", broker._enqueue_script.sha, 1, broker.namespace, *args)
     )
