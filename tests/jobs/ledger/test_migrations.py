@@ -79,3 +79,52 @@ def test_it_keeps_the_subjects_of_existing_jobs_as_their_references(
     MigrationExecutor(connection).migrate([("jobs", "0008_dashboard_indexes_and_subject")])
     subjects = dict(OldJob.objects.values_list("message_id", "subject"))
     assert subjects == {"names-ada": "auth.user:7", "names-nothing": ""}
+
+
+def _job_indexes() -> dict[str, list[str]]:
+    """Index name -> its columns, for every index (unique ones too) of ``jobs_job``."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "jobs_job")
+    return {
+        name: info["columns"]
+        for name, info in constraints.items()
+        if info["index"] or info["unique"]
+    }
+
+
+def _pattern_indexes() -> list[str]:
+    """Indexes of ``jobs_job`` that serve only ``LIKE 'prefix%'`` (PostgreSQL's
+    ``varchar_pattern_ops``; Django names them ``..._like``)."""
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = 'jobs_job' "
+            "AND indexdef LIKE '%%varchar_pattern_ops%%'"
+        )
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def test_the_ledger_writes_no_index_that_no_query_uses() -> None:
+    # Every job's insert writes every index of jobs_job; the pattern indexes
+    # Django adds on PostgreSQL serve no query of the ledger
+    assert _pattern_indexes() == []
+    # while the exact-match ones stay (admin filters, retry chains, uniqueness)
+    columns = [tuple(cols) for cols in _job_indexes().values()]
+    for column in ("message_id", "actor_name", "queue_name", "retry_of_id"):
+        assert (column,) in columns, column
+
+
+def test_the_pattern_indexes_come_back_when_the_migration_is_reversed() -> None:
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("jobs")
+    executor.migrate([("jobs", "0009_job_references")])
+    try:
+        restored = _pattern_indexes()
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    if connection.vendor == "postgresql":
+        assert len(restored) == 4, restored
+    else:  # SQLite has no pattern indexes to drop or restore
+        assert restored == []
+    assert _pattern_indexes() == []
