@@ -94,26 +94,29 @@ def _default_max_retries(broker: Broker) -> int:
     return 0
 
 
-def _max_attempts(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> int:
-    max_retries = message.options.get("max_retries")
+def _max_attempts(broker: Broker, actor_name: str, options: dict[str, Any]) -> int:
+    max_retries = options.get("max_retries")
     if max_retries is None:
-        max_retries = broker.get_actor(message.actor_name).options.get("max_retries")
+        max_retries = broker.get_actor(actor_name).options.get("max_retries")
     if max_retries is None:
         max_retries = _default_max_retries(broker)
     return int(max_retries) + 1
 
 
 def _create_fields(broker: Broker, message: dramatiq.Message[Any] | MessageProxy) -> dict[str, Any]:
-    args, kwargs = redact_arguments(message.actor_name, message.args, message.kwargs)
+    # Each attribute read once: a MessageProxy forwards every read through
+    # __getattr__ (30 of them per job here before).
+    actor_name, options = message.actor_name, message.options
+    args, kwargs = redact_arguments(actor_name, message.args, message.kwargs)
     return {
-        "actor_name": message.actor_name,
+        "actor_name": actor_name,
         "queue_name": q_name(message.queue_name),
         "args": args,
         "kwargs": kwargs,
-        "options": redact({k: message.options[k] for k in _OPTION_KEYS if k in message.options}),
+        "options": redact({k: options[k] for k in _OPTION_KEYS if k in options}),
         "enqueued_at": _from_millis(message.message_timestamp),
-        "max_attempts": _max_attempts(broker, message),
-        "retry_of_id": message.options.get("retry_of"),
+        "max_attempts": _max_attempts(broker, actor_name, options),
+        "retry_of_id": options.get("retry_of"),
     }
 
 
@@ -191,9 +194,11 @@ class Ledger(dramatiq.Middleware):
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number,
-        # progress, row fields): what after_process_message needs, computed
-        # once per delivery.
-        self._started: dict[str, tuple[float, datetime, int, int, dict[str, Any]]] = {}
+        # progress, row fields, subjects): what after_process_message needs,
+        # computed once per delivery.
+        self._started: dict[
+            str, tuple[float, datetime, int, int, dict[str, Any], tuple[str, ...]]
+        ] = {}
         # One intake drainer per process, however many workers it runs.
         self._drainer: Drainer | None = None
         self._workers = 0
@@ -217,12 +222,14 @@ class Ledger(dramatiq.Middleware):
         ledger.record(enqueue_event(broker, message, delayed=bool(delay)))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        message_id = message.message_id
         number = _attempt_number(message)
         started = _now()
         create = _create_fields(broker, message)
         deferrals = _deferrals(message)
         progress = progress_of(number - 1, PHASE_RUNNING, deferrals)
-        self._started[message.message_id] = (time.monotonic(), started, number, progress, create)
+        subjects = _subjects(broker, message)
+        self._started[message_id] = (time.monotonic(), started, number, progress, create, subjects)
         update = {
             "attempts": number,
             "started_at": started,
@@ -234,13 +241,13 @@ class Ledger(dramatiq.Middleware):
         # After a deferral this delivery goes on with the same attempt.
         ledger.record(
             Event(
-                message.message_id,
+                message_id,
                 states.RUNNING,
                 progress,
                 create,
                 update,
                 resumes=deferrals > 0,
-                subjects=_subjects(broker, message),
+                subjects=subjects,
             )
         )
 
@@ -256,8 +263,8 @@ class Ledger(dramatiq.Middleware):
         if started is None:  # a middleware before ours stopped the message early
             number = _attempt_number(message)
             running = progress_of(number - 1, PHASE_RUNNING, _deferrals(message))
-            started = (time.monotonic(), _now(), number, running, {})
-        started_mono, started_at, number, running, create = started
+            started = (time.monotonic(), _now(), number, running, {}, _subjects(broker, message))
+        started_mono, started_at, number, running, create, subjects = started
         if is_deferral(exception) and not message.failed:
             # Not an attempt: Retries put the message back and our after_enqueue
             # recorded it "delayed". Written before the ack like a failure, or
@@ -287,7 +294,7 @@ class Ledger(dramatiq.Middleware):
                     TERMINAL,
                     create,
                     timing,
-                    subjects=_subjects(broker, message),
+                    subjects=subjects,
                 ),
             )
             return
@@ -317,7 +324,7 @@ class Ledger(dramatiq.Middleware):
                 update,
                 failure,
                 annotate=errors,
-                subjects=_subjects(broker, message),
+                subjects=subjects,
             ),
         )
 
