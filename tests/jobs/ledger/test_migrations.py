@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.state import StateApps
 from django.utils import timezone
@@ -128,3 +130,49 @@ def test_the_pattern_indexes_come_back_when_the_migration_is_reversed() -> None:
     else:  # SQLite has no pattern indexes to drop or restore
         assert restored == []
     assert _pattern_indexes() == []
+
+
+def test_dropping_the_pattern_indexes_does_not_stall_the_ledger_behind_an_open_transaction() -> (
+    None
+):
+    # A deploy migrates while workers write and someone's transaction has read
+    # jobs_job. A plain DROP INDEX queues for an exclusive lock behind that
+    # transaction, and every lookup of jobs_job queues behind the DROP.
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no pattern indexes: the migration does nothing there")
+    import psycopg
+
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("jobs")
+    executor.migrate([("jobs", "0009_job_references")])
+    assert len(_pattern_indexes()) == 4
+    params = connection.get_connection_params()
+    migrated = threading.Event()
+
+    def migrate() -> None:
+        try:
+            MigrationExecutor(connections["default"]).migrate(latest)
+        finally:
+            connections["default"].close()
+            migrated.set()
+
+    with psycopg.connect(**params) as holder, psycopg.connect(**params, autocommit=True) as reader:
+        holder.execute("SELECT count(*) FROM jobs_job")  # its transaction stays open
+        threading.Thread(target=migrate, daemon=True).start()
+        time.sleep(0.5)  # the migration is waiting for the open transaction
+        reader.execute("SET statement_timeout = 2000")
+        started = time.monotonic()
+        try:
+            reader.execute("SELECT id FROM jobs_job WHERE message_id = 'x'").fetchall()
+            waited = time.monotonic() - started
+        except psycopg.errors.QueryCanceled:
+            waited = float("inf")  # still queued when its timeout cancelled it
+        holder.rollback()  # the transaction ends: the migration can finish
+    finished = migrated.wait(30)
+    if _pattern_indexes():  # leave the database as the other tests expect it
+        MigrationExecutor(connection).migrate(latest)
+    assert finished
+    assert _pattern_indexes() == []
+    assert waited < 1.0, (
+        f"a ledger lookup queued behind the migration ({waited:.1f} s; inf: cancelled at 2 s)"
+    )
