@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
-from jobs.ledger.upsert import annotate, insert_references, upsert
+from jobs.ledger.upsert import annotate, batch_cursor, insert_references, upsert
 from jobs.observability import metrics
 from jobs.observability.unavailable import is_outage
 
@@ -191,18 +191,34 @@ def _running(message_ids: list[str]) -> list[str]:
     plain SELECT of the ids comes first, and the ORM query that reads the rows
     (and converts their times) runs only for a redelivery: building that query
     for a batch's hundred ids cost the writer more than the whole SELECT.
+
+    On PostgreSQL the ids go as one array parameter bound on the server
+    (``batch_cursor``), where Django's cursor quoted each id into the query
+    text in the writer thread and the server parsed the 60 literals of a
+    typical batch: about 8 us of the writer thread per job (issue 17). Not
+    prepared: its plan would be the one made while the table was small, a
+    scan of the whole table, kept as it grows (measured: twice the server's
+    CPU per job).
     """
     from jobs.models import Job
 
     stats.statements += 1
-    quote = connection.ops.quote_name
-    sql = (
+    conn = connections[DEFAULT_DB_ALIAS]
+    quote = conn.ops.quote_name
+    select = (
         f"SELECT {quote('message_id')} FROM {quote(Job._meta.db_table)} "
-        f"WHERE {quote('state')} = %s "
-        f"AND {quote('message_id')} IN ({', '.join(['%s'] * len(message_ids))})"
+        f"WHERE {quote('state')} = %s AND {quote('message_id')} "
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [RUNNING, *message_ids])
+    params: list[Any]
+    if conn.vendor == "postgresql":
+        sql, params = f"{select}= ANY(%s)", [RUNNING, message_ids]
+    else:  # (SQLite has no arrays)
+        sql, params = (
+            f"{select}IN ({', '.join(['%s'] * len(message_ids))})",
+            [RUNNING, *message_ids],
+        )
+    with batch_cursor(conn) as cursor:
+        cursor.execute(sql, params)
         return [message_id for (message_id,) in cursor.fetchall()]
 
 
