@@ -10,7 +10,8 @@ stays readable and the place of the bad character stays visible. JSON has no
 NaN or Infinity, yet Python's json writes them (so a job can be sent with
 them): PostgreSQL's jsonb and SQLite's JSON_VALID check refuse them, so they
 are stored as the strings "NaN", "Infinity" and "-Infinity". Strings longer
-than their column are cut to fit, which PostgreSQL would refuse as well.
+than their column are cut to fit, which PostgreSQL would refuse as well, and
+integers above their column's range are lowered to its top.
 
 A value changed here is no longer what the job was given: ``altered`` tells,
 so nothing sends it to a job again as if it were.
@@ -26,6 +27,7 @@ from functools import cache
 from typing import Any
 
 from django.db import models
+from django.db.backends.base.operations import BaseDatabaseOperations
 
 REPLACEMENT = "\ufffd"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -91,14 +93,34 @@ def _max_lengths(model: type[models.Model]) -> dict[str, int]:
     }
 
 
+@cache
+def _max_integers(model: type[models.Model]) -> dict[str, int]:
+    # The ranges Django gives each integer column (the same on every database).
+    ranges = BaseDatabaseOperations.integer_field_ranges
+    return {
+        field.attname: ranges[field.get_internal_type()][1]
+        for field in model._meta.concrete_fields
+        if field.get_internal_type() in ranges
+    }
+
+
 def storable_columns(model: type[models.Model], values: dict[str, Any]) -> dict[str, Any]:
-    """Column values of ``model`` made storable, strings cut to their column's length."""
+    """Column values of ``model`` made storable: strings cut to their column's
+    length, integers above their column's range lowered to its top (a job that
+    ran for more than 24.8 days has a ``duration_ms`` an integer column cannot
+    hold; PostgreSQL would refuse it, or take it wrapped around)."""
     limits = _max_lengths(model)
+    tops = _max_integers(model)
     fitted = {}
     for name, value in values.items():
         value = storable(value)
-        limit = limits.get(name)
-        if limit is not None and isinstance(value, str) and len(value) > limit:
-            value = value[:limit]
+        if type(value) is int:
+            top = tops.get(name)
+            if top is not None and value > top:
+                value = top
+        else:
+            limit = limits.get(name)
+            if limit is not None and isinstance(value, str) and len(value) > limit:
+                value = value[:limit]
         fitted[name] = value
     return fitted

@@ -88,6 +88,27 @@ def test_it_writes_the_rest_of_a_batch_when_one_event_cannot_be_stored(
     assert "Job ledger write failed for job bad" in caplog.text
 
 
+def test_a_duration_longer_than_its_column_holds_is_stored_at_the_columns_top(settings) -> None:
+    # Given the shipped flush interval and, in one batch with another job, a job
+    # that ran for 25 days: more milliseconds than an integer column holds
+    # (PostgreSQL refused the value, or took it wrapped around to a negative
+    # number that its CHECK refused; SQLite kept it, beyond the model's range)
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    create = {"actor_name": "a", "queue_name": "q", "enqueued_at": datetime.now(UTC)}
+    long_ms = 25 * 24 * 3600 * 1000
+    ledger.record(Event("short", "succeeded", TERMINAL, dict(create), {"duration_ms": 7}))
+    ledger.record(Event("long", "succeeded", TERMINAL, dict(create), {"duration_ms": long_ms}))
+
+    # When the batch is written
+    failures = ledger.stats.write_failures
+    assert ledger.flush()
+
+    # Then both jobs are recorded, the long one with the most the column holds
+    assert ledger.stats.write_failures == failures
+    durations = dict(Job.objects.values_list("message_id", "duration_ms"))
+    assert durations == {"short": 7, "long": 2**31 - 1}
+
+
 def test_it_stores_every_json_column_with_unstorable_values_nested_among_its_batchmates(
     settings,
 ) -> None:
