@@ -33,7 +33,7 @@ import dramatiq
 from django.conf import settings
 from dramatiq.brokers.redis import RedisBroker
 
-from bench import procs
+from bench import cpu, procs
 from bench.registry import Context, Row, Variants, measured, scenario
 from jobs.broker import redis_broker
 from jobs.broker.wakeup import WakeupRedisBroker
@@ -45,6 +45,8 @@ class Stack:
     env: dict[str, str]
     done_sql: str | None = None  # counts finished jobs in the database
     stats: list[dict[str, Any]] = field(default_factory=list, compare=False)
+    # Per worker process count, each drain's CPU per job by process kind (bench.cpu).
+    cpu: dict[int, list[dict[str, float]]] = field(default_factory=dict, compare=False)
 
 
 LEDGER_DONE = "select count(*) from jobs_job where state = 'succeeded'"
@@ -119,6 +121,7 @@ def _drain_rate(
                 now = time.perf_counter()
                 if first is None and left < n:
                     first, start_left = now, left
+                    cpu_before = cpu.snapshot()
                 if left == 0:
                     end = now
                     break
@@ -127,6 +130,8 @@ def _drain_rate(
                 raise RuntimeError(f"{stack.label}: queue not drained in time")
             if stack.done_sql:
                 end = _wait_recorded(database_url, stack.done_sql, n, deadline)
+            spent = cpu.per_job(cpu_before, cpu.snapshot(), start_left)
+            stack.cpu.setdefault(processes, []).append(spent)
     stack.stats.extend(json.loads(p.read_text()) for p in stats_dir.glob("*.json"))
     # Jobs finished after the first one was seen, over the time they took.
     return start_left / (end - first)
@@ -193,6 +198,7 @@ def throughput(context: Context) -> list[Row]:
         p = f"{processes}x8"
         rows += [
             _ratio_row(f"full stack {p}", med["ours"], "raw dramatiq", med["raw"], 0.9),
+            _cpu_row(f"cpu per job {p}", stacks["ours"], stacks["raw"], processes),
             _ratio_row(f"ledger on {p}", med["ours"], "ledger off", med["ledger-off"], 0.8),
             _ratio_row(
                 f"dj-dramatiq admin {p}", med["admin-mw"], "ledger off", med["ledger-off"], None
@@ -202,6 +208,17 @@ def throughput(context: Context) -> list[Row]:
     jobs = n * context.runs * (1 if context.quick else 2)
     rows += [_db_cost_row(stacks[name], jobs) for name in ("ours", "admin-mw")]
     return rows
+
+
+def _cpu_row(label: str, stack: Stack, baseline: Stack, processes: int) -> Row:
+    """Median CPU per job by process kind, and raw's total over ours (no target:
+    the throughput ratio is the target; this says where the difference goes)."""
+    ours, raw = (
+        cpu.medians(stack.cpu.get(processes, [])),
+        cpu.medians(baseline.cpu.get(processes, [])),
+    )
+    ratio = f"{raw['total'] / ours['total']:.2f}x" if ours and raw and ours["total"] else "-"
+    return Row(label, cpu.describe(ours), baseline.label, cpu.describe(raw), ratio)
 
 
 def _db_cost_row(stack: Stack, jobs: int) -> Row:
@@ -246,6 +263,14 @@ def throughput_pg(context: Context) -> list[Row]:
             raw, ours = (statistics.median(rates[name]) for name in ("raw", "ours"))
             label = f"full stack {processes}x8 (PostgreSQL)"
             rows.append(_ratio_row(label, ours, "raw dramatiq", raw, 0.9))
+            rows.append(
+                _cpu_row(
+                    f"cpu per job {processes}x8 (PostgreSQL)",
+                    stacks["ours"],
+                    stacks["raw"],
+                    processes,
+                )
+            )
     jobs = n * context.runs * (1 if context.quick else 2)
     return [*rows, _db_cost_row(stacks["ours"], jobs)]
 

@@ -1,13 +1,17 @@
-"""The benchmark harness runs end to end (small N) so it cannot rot; timings are not asserted."""
+"""The benchmark harness runs end to end (small N) so it cannot rot; timings are not asserted
+(its CPU accounting is checked against a process that burns a known amount)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from bench import cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_KNOBS = (
@@ -42,3 +46,30 @@ def test_it_runs_the_quick_benchmarks_and_prints_the_table():
     assert done.returncode in (0, 1), done.stderr[-3000:]
     for name in SCENARIOS:
         assert f"\n{name} " in done.stdout, done.stdout
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
+def test_it_charges_a_workers_cpu_time_to_the_workers_per_job() -> None:
+    # Given a process named like a worker that burns about 0.4 s of CPU, and
+    # it started after the first snapshot (so it counts from zero)
+    before = cpu.snapshot()
+    burn = "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", burn + "input()", "dramatiq"], stdin=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            spent = cpu.per_job(before, cpu.snapshot(), jobs=1_000)
+            if spent[cpu.WORKERS] >= 400:
+                break
+            time.sleep(0.05)
+        # When its CPU is divided among 1,000 jobs
+        after = cpu.snapshot()
+    finally:
+        worker.communicate(b"\n", timeout=10)
+    # Then each job carries about 400 us of workers' CPU, nothing of other kinds'
+    assert after[worker.pid][0] == cpu.WORKERS
+    spent = cpu.per_job(before, after, jobs=1_000)
+    assert 400 <= spent[cpu.WORKERS] < 2_000, spent
+    assert cpu.medians([spent, spent])["total"] == sum(spent[kind] for kind in cpu.KINDS)
