@@ -69,8 +69,14 @@ def _preparers(
         elif kind is models.DateTimeField:
             known[datetime] = _datetime(ops.adapt_datetimefield_value, field, conn)
         elif kind is models.JSONField and isinstance(field, models.JSONField):  # (typing)
-            adapt = _json_text if postgres else ops.adapt_json_value
-            known[dict] = known[list] = _json(adapt, field.encoder)
+            if postgres:
+                # Every JSON value as text, scalars too (a return value), so
+                # the column's parameter has one type whatever the job returned.
+                prepare = _json(_json_text, field.encoder)
+                for scalar in (str, int, float, bool, dict, list):
+                    known[scalar] = prepare
+            else:
+                known[dict] = known[list] = _json(ops.adapt_json_value, field.encoder)
         else:
             known = {}
         found.append(known)
@@ -121,7 +127,7 @@ def _prepare(
 
 
 @contextmanager
-def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
+def batch_cursor(conn: BaseDatabaseWrapper, *, prepared: bool = True) -> Iterator[CursorWrapper]:
     """A cursor for the ledger's ``executemany`` statements.
 
     On PostgreSQL, one that binds parameters on the server and prepares each
@@ -135,7 +141,10 @@ def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     ``JOBS_LEDGER_PREPARED=0`` is only needed behind a pooler that cannot
     keep prepared statements: PgBouncer in transaction mode before 1.22 (psycopg
     sends DEALLOCATE ALL after a rollback) or with max_prepared_statements = 0.
-    Elsewhere, Django's own cursor.
+    Elsewhere, Django's own cursor. With ``prepared=False``, bound on the
+    server but never prepared, even where the connection's OPTIONS set a
+    ``prepare_threshold`` (for a statement whose best plan changes as the
+    table grows).
     """
     if conn.vendor != "postgresql" or not settings.JOBS_LEDGER_PREPARED:
         with conn.cursor() as cursor:
@@ -153,7 +162,9 @@ def batch_cursor(conn: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     # each mix of types is a statement prepared apart.
     raw.adapters.register_dumper(int, Int8Dumper)
     threshold = pg.prepare_threshold
-    if threshold is None:  # Django's default: never; executemany's own prepare still counts
+    if not prepared:  # whatever the connection's OPTIONS say
+        pg.prepare_threshold = None
+    elif threshold is None:  # Django's default: never; executemany's own prepare still counts
         pg.prepare_threshold = _NEVER_BY_COUNT
     try:
         with conn.make_debug_cursor(raw) if conn.queries_logged else conn.make_cursor(raw) as c:

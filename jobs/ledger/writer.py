@@ -195,7 +195,7 @@ def _running(message_ids: list[str]) -> list[str]:
     On PostgreSQL the ids go as one array parameter bound on the server
     (``batch_cursor``), where Django's cursor quoted each id into the query
     text in the writer thread and the server parsed the 60 literals of a
-    typical batch: about 8 us of the writer thread per job (issue 17). Not
+    typical batch: about 8 us of the writer thread per job (issue 17). Never
     prepared: its plan would be the one made while the table was small, a
     scan of the whole table, kept as it grows (measured: twice the server's
     CPU per job).
@@ -217,7 +217,7 @@ def _running(message_ids: list[str]) -> list[str]:
             f"{select}IN ({', '.join(['%s'] * len(message_ids))})",
             [RUNNING, *message_ids],
         )
-    with batch_cursor(conn) as cursor:
+    with batch_cursor(conn, prepared=False) as cursor:
         cursor.execute(sql, params)
         return [message_id for (message_id,) in cursor.fetchall()]
 

@@ -25,6 +25,8 @@ SAMPLES: list[Any] = [
     datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
     datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-5))),
     datetime(2026, 1, 2, 3, 4, 5),  # naive: Django's own way, warning included
+    True,
+    2.5,
     [],
     [1, 2.5, "x", None, {"nested": [True]}],
     {},
@@ -55,9 +57,10 @@ def _as_stored(field: Any, value: Any) -> Any:
 def _in_range(field: Any, value: Any) -> bool:
     # The writer lowers an int above its column's range before preparing it
     # (storable_columns): 10**12 only ever reaches a bigint column.
-    if type(value) is not int:
+    ranges = BaseDatabaseOperations.integer_field_ranges
+    if type(value) is not int or field.get_internal_type() not in ranges:
         return True
-    low, high = BaseDatabaseOperations.integer_field_ranges[field.get_internal_type()]
+    low, high = ranges[field.get_internal_type()]
     return low <= value <= high
 
 

@@ -117,3 +117,52 @@ def test_it_prepares_nothing_when_told_not_to(settings: Any) -> None:
     # Then no prepared statement ran, and the jobs are recorded all the same
     assert _ran(before, _upsert_executions()) == {}
     assert Job.objects.count() == 3
+
+
+def _finished(message_id: str, return_value: Any) -> Event:
+    return Event(
+        message_id,
+        states.SUCCEEDED,
+        TERMINAL,
+        _create(),
+        {"finished_at": datetime.now(UTC), "duration_ms": 1, "return_value": return_value},
+    )
+
+
+def test_one_prepared_upsert_takes_every_kind_of_return_value() -> None:
+    # Given jobs (Django tasks keep their return value) returning a dict, and
+    # then each kind of JSON scalar, each in a batch of its own
+    connection.ensure_connection()
+    before = _upsert_executions()
+    values: list[Any] = [{"a": 1}, [1], 5, "text", True, 2.5, float("nan"), None]
+    # When the ledger writes them
+    for value in values:
+        write([_finished(str(uuid.uuid4()), value)])
+    # Then they all ran through one prepared statement (a scalar sent as
+    # Django's Jsonb, a dict as text, would be a second one), stored as sent
+    assert list(_ran(before, _upsert_executions()).values()) == [len(values)]
+    stored = list(Job.objects.order_by("id").values_list("return_value", flat=True))
+    assert stored == [{"a": 1}, [1], 5, "text", True, 2.5, "NaN", None]
+
+
+def test_the_redelivery_check_is_never_prepared_whatever_the_connection_says() -> None:
+    # Given a connection told to prepare every statement run twice (a
+    # deployment's OPTIONS): a prepared plan made while the table is small
+    # would scan it whole for good
+    connection.ensure_connection()
+    pg = connection.connection
+    threshold, pg.prepare_threshold = pg.prepare_threshold, 2
+    try:
+        # When the writer checks a batch's starts for redeliveries five times
+        for _ in range(5):
+            write([_started(str(uuid.uuid4()), 1, 7)])
+    finally:
+        pg.prepare_threshold = threshold
+    # Then its SELECT was never prepared (the upsert was, as always)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ['SELECT "message_id" FROM "jobs_job"%'],
+        )
+        assert cursor.fetchone() == (0,)
+    assert Job.objects.count() == 5
