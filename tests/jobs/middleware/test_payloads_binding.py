@@ -28,7 +28,7 @@ def signatures(draw: st.DrawFn) -> inspect.Signature:
     kinds = sorted(draw(st.lists(st.sampled_from(KINDS), min_size=count, max_size=count)))
     parameters = []
     for name, kind in zip(NAMES, kinds, strict=False):
-        default = P.empty
+        default: Any = P.empty
         if kind not in (P.VAR_POSITIONAL, P.VAR_KEYWORD) and draw(st.booleans()):
             default = 0
         parameters.append(P(name, kind, default=default))
