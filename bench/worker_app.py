@@ -2,7 +2,8 @@
 
 ``BENCH_STACK=raw`` is plain Dramatiq (a stock RedisBroker with Dramatiq's
 default middleware, or ``jobs.broker.wakeup.WakeupRedisBroker`` with
-``BENCH_BROKER=wakeup``); ``BENCH_STACK=django`` is our full stack, configured
+``BENCH_BROKER=wakeup``); ``BENCH_STACK=floor`` is raw Dramatiq writing a
+minimal row per job (bench.floor); ``BENCH_STACK=django`` is our full stack, configured
 by ``DJANGO_SETTINGS_MODULE`` (bench.settings). Each process writes how many
 SQL statements and ledger writes it made to ``BENCH_STATS_DIR/<pid>.json`` when
 it shuts down: the database cost of one job.
@@ -114,6 +115,10 @@ else:
         dramatiq.set_broker(WakeupRedisBroker(url=_url))
     else:
         dramatiq.set_broker(RedisBroker(url=_url))  # type: ignore[no-untyped-call]
+    if STACK == "floor":
+        from bench import floor
+
+        dramatiq.get_broker().add_middleware(floor.middleware())
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
