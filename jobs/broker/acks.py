@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import _RedisConsumer
+from dramatiq.common import current_millis
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from jobs.broker import strays
@@ -76,6 +77,27 @@ if redis.call("srem", KEYS[1] .. ":__acks__." .. ARGV[2] .. "." .. ARGV[1], ARGV
 end
 return 1
 """)
+
+
+# Dramatiq's dispatch.lua "ack" for every message of one queue that a batch
+# acks, in one command: the heartbeat, then per message the SREM from this
+# worker's ack set and, only when it was there, the HDEL of its payload (a
+# message that maintenance already handed back stays queued). One EVALSHA per
+# message cost the writer thread ~13 arguments to pack and a script call each.
+# KEYS: namespace. ARGV: timestamp, broker id, queue name, redis message ids.
+_ACK_MANY = LuaScript("""
+local acks = KEYS[1] .. ":__acks__." .. ARGV[2] .. "." .. ARGV[3]
+local messages = KEYS[1] .. ":" .. ARGV[3] .. ".msgs"
+redis.call("zadd", KEYS[1] .. ":__heartbeats__", ARGV[1], ARGV[2])
+for i = 4, #ARGV do
+  if redis.call("srem", acks, ARGV[i]) > 0 then
+    redis.call("hdel", messages, ARGV[i])
+  end
+end
+return 1
+""")
+# Messages per _ACK_MANY call: a script blocks Redis while it runs.
+ACKS_PER_CALL = 500
 
 
 def give_back_token() -> str:
@@ -245,6 +267,7 @@ class HeldAcks:
     """The broker's side: send a batch of held acks in one round trip."""
 
     namespace: str
+    broker_id: str
     client: Any  # redis.Redis, or the Sentinel master client
     scripts: dict[str, Any]
     # dispatch.lua's argument list, built by the broker (WakeupRedisBroker)
@@ -261,6 +284,7 @@ class HeldAcks:
                 # ack, a nack or a give-back sent twice changes nothing the second time.
                 self.client.script_load(self.scripts["dispatch"].script)
                 self.client.script_load(_GIVE_BACK.source)
+                self.client.script_load(_ACK_MANY.source)
                 self._dispatch_all(held)
         except UNREACHABLE as exc:
             now = time.monotonic()
@@ -275,16 +299,28 @@ class HeldAcks:
 
     def _dispatch_all(self, held: list[HeldAck]) -> None:
         pipe = self.client.pipeline(transaction=False)
+        # The consumer's queue, not the message's: a delayed message is acked
+        # on the delay queue it came from (as _RedisConsumer.ack does).
+        acked: dict[str, list[str]] = {}
         for consumer, message, command in held:
-            # The consumer's queue, not the message's: a delayed message is
-            # acked on the delay queue it came from (as _RedisConsumer.ack does).
-            if command == "requeue":
+            if command == "ack":
+                acked.setdefault(consumer.queue_name, []).append(
+                    message.options["redis_message_id"]
+                )
+            elif command == "requeue":
                 keys = _give_back_keys(self.namespace, message)
                 args = _give_back_args(self, consumer.queue_name, message)
                 pipe.evalsha(_GIVE_BACK.sha, len(keys), *keys, *args)
-                continue
-            args = self._dispatch_args(
-                command, consumer.queue_name, message.options["redis_message_id"]
-            )
-            pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
+            else:  # a nack: dispatch.lua's, one each (they are rare)
+                args = self._dispatch_args(
+                    command, consumer.queue_name, message.options["redis_message_id"]
+                )
+                pipe.evalsha(self.scripts["dispatch"].sha, 1, self.namespace, *args)
+        now = current_millis()
+        for queue_name, redis_ids in acked.items():
+            for start in range(0, len(redis_ids), ACKS_PER_CALL):
+                ids = redis_ids[start : start + ACKS_PER_CALL]
+                pipe.evalsha(
+                    _ACK_MANY.sha, 1, self.namespace, now, self.broker_id, queue_name, *ids
+                )
         pipe.execute()
