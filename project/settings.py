@@ -272,7 +272,9 @@ DRAMATIQ_BROKER = {
     # before_* hooks in this order and after_* hooks in reverse, hence:
     "MIDDLEWARE": [
         # first in, last out: connections are tidied after the ledger wrote
-        "django_dramatiq.middleware.DbConnectionsMiddleware",
+        # (django-dramatiq's DbConnectionsMiddleware, skipping threads that
+        # never opened one)
+        "jobs.middleware.connections.DbConnections",
         "dramatiq.middleware.AgeLimit",
         "jobs.middleware.time_limit.TimeLimit",
         "dramatiq.middleware.ShutdownNotifications",
