@@ -40,6 +40,7 @@ from dramatiq.common import current_millis
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from jobs.broker import strays
+from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
 from jobs.ledger import writer as ledger
 
@@ -151,7 +152,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
             self._hand_back_strays()
             self._strays_handed_back = True
         message = self._next()
-        if message is not None and self._delays:
+        if message is None:
+            return None
+        with_fields(message)
+        if self._delays:
             self.memory.delayed[message.message_id] = message.options["redis_message_id"]
         return message
 
