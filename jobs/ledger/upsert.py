@@ -209,6 +209,8 @@ class _Plan:
             for field, known in zip(self.fields, self.preparers, strict=True)
         ]
         self.table = Job._meta.db_table
+        # What the preparers were made for (SQLite's datetimes differ by it).
+        self.use_tz = settings.USE_TZ
         self.statements: dict[tuple[tuple[str, ...], frozenset[str]], str] = {}
 
 
@@ -221,7 +223,9 @@ _PLAN_ATTRIBUTE = "_jobs_ledger_plan"
 
 def _plan(conn: BaseDatabaseWrapper) -> _Plan:
     plan: _Plan | None = getattr(conn, _PLAN_ATTRIBUTE, None)
-    if plan is None:
+    # Made again if USE_TZ changed since (a test's override): Django's own
+    # preparation reads it for every value.
+    if plan is None or plan.use_tz != settings.USE_TZ:
         plan = _Plan(conn)
         setattr(conn, _PLAN_ATTRIBUTE, plan)
     return plan

@@ -10,42 +10,58 @@ Redis or SMTP) there is nothing to close, yet the two calls were about 4% of a
 worker's Python time at 2 processes x 8 threads (py-spy, issue 17).
 
 ``DbConnections`` keeps the same behaviour and skips the walk in a thread that
-has never opened a connection: Django sends ``connection_created`` from the
-thread that connects, and a connection belongs to the thread that created it.
-Once a thread has connected it is checked around every job, as before.
+holds no connection wrapper: ``close_old_connections()`` looks only at the
+wrappers this thread created (``connections.all(initialized_only=True)``), so
+with none it has nothing to do. A thread gets a wrapper when it first uses an
+alias, through the connection handler's ``create_connection``; that is where
+the thread is marked, once. Not Django's ``connection_created`` signal: it is
+sent only after a connection's setup succeeded, and a connection whose setup
+failed (a server that dropped it during ``SET TIME ZONE``, a role that does not
+exist) stays on its wrapper, broken, until this middleware closes it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from django import db
-from django.db.backends.signals import connection_created
 from django_dramatiq.middleware import DbConnectionsMiddleware
 
-_opened = threading.local()
+_marked = threading.local()
 
 
-def _note_connection(sender: Any, **kwargs: Any) -> None:
-    _opened.any = True
+def _mark_threads(handler: Any) -> None:
+    """Have ``handler`` mark each thread that creates a connection wrapper."""
+    create: Callable[[str], Any] = handler.create_connection
+    if getattr(create, "marks_thread", False):
+        return
+
+    def create_connection(alias: str) -> Any:
+        _marked.any = True
+        return create(alias)
+
+    create_connection.marks_thread = True  # type: ignore[attr-defined]
+    # On the handler instance, not its class: a subclass's own method still runs.
+    handler.create_connection = create_connection
 
 
-# weak=False: a module-level function, connected once for the process.
-connection_created.connect(_note_connection, weak=False, dispatch_uid=__name__)
+_mark_threads(db.connections)
 
 
-def thread_has_connected() -> bool:
-    """Whether this thread has ever opened a database connection."""
-    return getattr(_opened, "any", False)
+def thread_has_connections() -> bool:
+    """Whether this thread has created a database connection wrapper (and so
+    may hold a connection)."""
+    return getattr(_marked, "any", False)
 
 
 class DbConnections(DbConnectionsMiddleware):  # type: ignore[misc]
-    """django-dramatiq's ``DbConnectionsMiddleware``, skipping threads without
-    a database connection (see the module's docstring)."""
+    """django-dramatiq's ``DbConnectionsMiddleware``, skipping threads that
+    hold no connection wrapper (see the module's docstring)."""
 
     def _close_old_connections(self, *args: Any, **kwargs: Any) -> None:
-        if getattr(_opened, "any", False):
+        if getattr(_marked, "any", False):
             db.close_old_connections()
 
     before_process_message = _close_old_connections

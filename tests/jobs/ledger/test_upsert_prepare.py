@@ -9,7 +9,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, DataError, connections, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
 
-from jobs.ledger.upsert import _preparers, batch_cursor
+from jobs.ledger.upsert import _plan, _preparers, batch_cursor
 from jobs.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +83,27 @@ def test_it_prepares_each_column_value_to_store_what_django_stores() -> None:
     # (and every column but the foreign key has a short way for its values)
     short = {f.attname for f, known in zip(fields, preparers, strict=True) if len(known) > 1}
     assert {f.attname for f in fields} - short == {"retry_of_id"}
+
+
+def _outcome(prepare: Any, value: Any) -> Any:
+    try:
+        return prepare(value)
+    except ValueError as exc:  # SQLite refuses an aware value without USE_TZ
+        return ValueError, str(exc)
+
+
+def test_a_plan_made_before_use_tz_changed_is_made_again(settings: Any) -> None:
+    # Given the connection's plan, made with the shipped USE_TZ
+    conn = connections[DEFAULT_DB_ALIAS]
+    conn.ensure_connection()
+    before = _plan(conn)
+    field = Job._meta.get_field("started_at")
+    index = before.position["started_at"]
+    value = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    # When a test turns USE_TZ off (the writer's short way decided it once)
+    settings.USE_TZ = False
+    after = _plan(conn)
+    # Then the next batch's plan prepares datetimes as Django now does
+    assert after is not before
+    expected = _outcome(lambda v: field.get_db_prep_save(v, conn), value)
+    assert _outcome(after.preparers[index][datetime], value) == expected

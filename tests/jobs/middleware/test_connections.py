@@ -1,5 +1,5 @@
 """Database connections are tidied around each job in threads that have one, and
-threads that never connected skip the walk over every alias."""
+threads that never used the database skip the walk over every alias."""
 
 from __future__ import annotations
 
@@ -97,15 +97,15 @@ def test_a_thread_that_never_connected_skips_the_walk_and_one_that_did_does_not(
     outcome: dict[str, Any] = {}
 
     def step() -> None:
-        # Given a fresh thread without a database connection
-        outcome["connected before"] = connections_module.thread_has_connected()
+        # Given a fresh thread that never used the database
+        outcome["connected before"] = connections_module.thread_has_connections()
         # When a job starts and ends there, nothing is walked
         middleware.before_process_message(None, None)
         middleware.after_process_message(None, None)
         outcome["calls without"] = len(calls)
         # When the thread opens a connection, both hooks check it again
         connection.ensure_connection()
-        outcome["connected after"] = connections_module.thread_has_connected()
+        outcome["connected after"] = connections_module.thread_has_connections()
         middleware.before_process_message(None, None)
         middleware.after_process_message(None, None)
         outcome["calls with"] = len(calls)
@@ -117,3 +117,41 @@ def test_a_thread_that_never_connected_skips_the_walk_and_one_that_did_does_not(
         "connected after": True,
         "calls with": 2,
     }
+
+
+def test_a_connection_whose_setup_failed_is_closed_after_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection can be open yet never announced (``connection_created`` is
+    sent only once its setup succeeded): the server dropped it while the
+    wrapper set the time zone or the role. The wrapper keeps it; only the
+    middleware's close lets the thread's next job connect again. (Found by
+    review: a flag set by that signal left such a thread failing every job.)"""
+    middleware = DbConnections()
+    outcome: list[str] = []
+
+    def step() -> None:
+        wrapper = django.db.connections["default"]
+        real_setup = wrapper.init_connection_state
+        failures = [django.db.OperationalError("server closed the connection")]
+
+        def setup_dropped_once() -> None:
+            if failures:
+                wrapper.connection.close()  # the socket is gone; the wrapper holds it
+                raise failures.pop()
+            real_setup()
+
+        monkeypatch.setattr(wrapper, "init_connection_state", setup_dropped_once)
+        for _ in range(2):  # two jobs in this thread
+            middleware.before_process_message(None, None)
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1")
+                outcome.append("ok")
+            except django.db.Error as exc:
+                outcome.append(type(exc).__name__)
+            middleware.after_process_message(None, None)
+
+    _in_a_new_thread(step)
+    # The first job fails with the dropped connection; the second connects afresh.
+    assert outcome == ["OperationalError", "ok"]
