@@ -19,7 +19,7 @@ dramatiq.get_broker().declare_queue(QUEUE)
 
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
-def greet(name: str, *, loud: bool = False) -> None:
+def greet_for_proxies(name: str, *, loud: bool = False) -> None:
     pass
 
 
@@ -34,7 +34,7 @@ def test_a_consumed_message_has_its_fields_as_attributes_of_the_proxy(
     broker: dramatiq.Broker,
 ) -> None:
     # Given a message sent with arguments and options
-    sent = greet.send_with_options(args=("ada",), kwargs={"loud": True}, max_retries=3)
+    sent = greet_for_proxies.send_with_options(args=("ada",), kwargs={"loud": True}, max_retries=3)
     consumer = broker.consume(QUEUE, prefetch=1, timeout=100)
     try:
         # When the project's consumer hands it out
@@ -66,7 +66,7 @@ def test_a_consumed_message_has_its_fields_as_attributes_of_the_proxy(
 
 
 def test_the_proxys_own_state_and_equality_are_dramatiqs(broker: dramatiq.Broker) -> None:
-    greet.send("bob")
+    greet_for_proxies.send("bob")
     consumer = broker.consume(QUEUE, prefetch=1, timeout=100)
     try:
         received = None
