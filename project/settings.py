@@ -273,7 +273,7 @@ DRAMATIQ_BROKER = {
     "MIDDLEWARE": [
         # first in, last out: connections are tidied after the ledger wrote
         # (django-dramatiq's DbConnectionsMiddleware, skipping threads that
-        # never opened one)
+        # never used the database)
         "jobs.middleware.connections.DbConnections",
         "dramatiq.middleware.AgeLimit",
         "jobs.middleware.time_limit.TimeLimit",

@@ -61,7 +61,7 @@ class DbConnections(DbConnectionsMiddleware):  # type: ignore[misc]
     hold no connection wrapper (see the module's docstring)."""
 
     def _close_old_connections(self, *args: Any, **kwargs: Any) -> None:
-        if getattr(_marked, "any", False):
+        if thread_has_connections():
             db.close_old_connections()
 
     before_process_message = _close_old_connections
