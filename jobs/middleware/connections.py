@@ -14,10 +14,13 @@ holds no connection wrapper: ``close_old_connections()`` looks only at the
 wrappers this thread created (``connections.all(initialized_only=True)``), so
 with none it has nothing to do. A thread gets a wrapper when it first uses an
 alias, through the connection handler's ``create_connection``; that is where
-the thread is marked, once. Not Django's ``connection_created`` signal: it is
-sent only after a connection's setup succeeded, and a connection whose setup
-failed (a server that dropped it during ``SET TIME ZONE``, a role that does not
-exist) stays on its wrapper, broken, until this middleware closes it.
+the thread is marked, once. Not only on Django's ``connection_created``
+signal: it is sent only after a connection's setup succeeded, and a connection
+whose setup failed (a server that dropped it during ``SET TIME ZONE``, a role
+that does not exist) stays on its wrapper, broken, until this middleware
+closes it. The signal marks too, for a wrapper assigned to the handler
+(``connections[alias] = wrapper``) and connected in this thread; a wrapper
+assigned already connected, in a thread that never made one, is not seen.
 """
 
 from __future__ import annotations
@@ -27,27 +30,37 @@ from collections.abc import Callable
 from typing import Any
 
 from django import db
+from django.db.backends.signals import connection_created
 from django_dramatiq.middleware import DbConnectionsMiddleware
 
 _marked = threading.local()
 
 
+def _mark(*args: Any, **kwargs: Any) -> None:
+    _marked.any = True
+
+
 def _mark_threads(handler: Any) -> None:
     """Have ``handler`` mark each thread that creates a connection wrapper."""
     create: Callable[[str], Any] = handler.create_connection
-    if getattr(create, "marks_thread", False):
+    # This module's mark, not any: a copy of the module imported under another
+    # name has a flag of its own to set.
+    if getattr(create, "marks", None) is _marked:
         return
 
     def create_connection(alias: str) -> Any:
-        _marked.any = True
+        _mark()
         return create(alias)
 
-    create_connection.marks_thread = True  # type: ignore[attr-defined]
+    create_connection.marks = _marked  # type: ignore[attr-defined]
     # On the handler instance, not its class: a subclass's own method still runs.
     handler.create_connection = create_connection
 
 
 _mark_threads(db.connections)
+# Also every thread that connects: a wrapper put in place by assignment
+# (``connections[alias] = wrapper``) skips create_connection.
+connection_created.connect(_mark, weak=False, dispatch_uid=f"{__name__}.{id(_marked)}")
 
 
 def thread_has_connections() -> bool:

@@ -155,3 +155,27 @@ def test_a_connection_whose_setup_failed_is_closed_after_the_job(
     _in_a_new_thread(step)
     # The first job fails with the dropped connection; the second connects afresh.
     assert outcome == ["OperationalError", "ok"]
+
+
+def test_a_wrapper_assigned_to_the_handler_and_connected_here_is_closed_after_the_job() -> None:
+    """``connections[alias] = wrapper`` skips the handler's create_connection:
+    the thread is marked when the wrapper connects in it. (Found by review.)"""
+    middleware = DbConnections()
+    outcome: dict[str, Any] = {}
+
+    def step() -> None:
+        # Given a thread that was handed a wrapper rather than creating one
+        handler = django.db.connections
+        # (the class's create_connection: made without passing the mark)
+        handler["default"] = type(handler).create_connection(handler, "default")
+        outcome["marked before"] = connections_module.thread_has_connections()
+        # When a job there connects with it
+        middleware.before_process_message(None, None)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        middleware.after_process_message(None, None)
+        # Then the middleware closed it (CONN_MAX_AGE 0), as django-dramatiq's would
+        outcome["open after the job"] = connection.connection is not None
+
+    _in_a_new_thread(step)
+    assert outcome == {"marked before": False, "open after the job": False}
