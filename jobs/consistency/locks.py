@@ -37,7 +37,6 @@ Fencing a database write with the token (a stale holder updates nothing):
 
 from __future__ import annotations
 
-import atexit
 import heapq
 import itertools
 import logging
@@ -60,6 +59,7 @@ from jobs.broker.scripts import LuaScript
 from jobs.consistency.connection import default_redis
 from jobs.errors import TransientJobError
 from jobs.observability import metrics
+from jobs.observability.flushing import PeriodicFlush
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class LockLost(TransientJobError):
     """The lock expired or was taken while held; work done under it is suspect."""
 
 
-class LockStats:
+class LockStats(PeriodicFlush):
     """In-process counters: acquisitions, waits, timeouts, held, lost.
 
     They reach Prometheus from a daemon thread once a second (and at exit), not
@@ -141,7 +141,7 @@ class LockStats:
     the acquisitions that did not wait to the histogram's first bucket.
     """
 
-    FLUSH_INTERVAL = 1.0
+    flusher_name = "lock-metrics"
 
     @dataclass
     class Snapshot:
@@ -157,8 +157,6 @@ class LockStats:
         self._values = LockStats.Snapshot()
         self._unflushed_no_waits = 0
         self._flushed_held = 0
-        self._flusher: threading.Thread | None = None
-        self._exit_flush_registered = False
         # Bumped in a forked child: a lock taken before the fork is not one the
         # child holds, so its release there does not count (see released()).
         self.generation = 0
@@ -185,8 +183,7 @@ class LockStats:
                 self._unflushed_no_waits += 1
         if waited:
             metrics.LOCK_WAIT.observe(waited)
-        if self._flusher is None:  # the first lock of this process
-            self._start_flusher()
+        self._ensure_flusher()
         return self.generation
 
     def released(self, generation: int) -> None:
@@ -220,26 +217,8 @@ class LockStats:
         self._values.held = 0
         self._unflushed_no_waits = 0
         self._flushed_held = 0
-        self._flusher = None  # threads do not survive a fork
+        self._forget_flusher()
         self.generation += 1
-
-    def _start_flusher(self) -> None:
-        with self._mutex:
-            if self._flusher is not None:
-                return
-            if not self._exit_flush_registered:
-                atexit.register(self.flush)
-                self._exit_flush_registered = True
-            self._flusher = threading.Thread(target=self._run, name="lock-metrics", daemon=True)
-            self._flusher.start()
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(self.FLUSH_INTERVAL)
-            try:
-                self.flush()
-            except Exception:  # a metrics file problem must not end the flushing
-                logger.exception("Flushing lock metrics failed")
 
 
 stats = LockStats()

@@ -1,5 +1,9 @@
 """Prometheus figures per actor, recorded in whichever process sees the event.
 
+Written through ``jobs.observability.deferred``: a job's figures reach the
+metrics files within a second, without every worker thread queueing on
+prometheus' process-wide lock for each of them.
+
 Listed before Retries: after_* hooks run in reverse order, so ``message.failed``
 already tells a final failure from one that will be retried. A deferral (a full
 rate limit) is neither: it is counted apart, as no attempt and no retry.
@@ -23,6 +27,7 @@ from jobs.broker.workers import Heartbeat
 from jobs.errors import is_deferral
 from jobs.middleware.control import PAUSE_REQUEUES
 from jobs.observability import metrics
+from jobs.observability.deferred import writes
 
 
 class Metrics(dramatiq.Middleware):
@@ -53,7 +58,7 @@ class Metrics(dramatiq.Middleware):
                 counter = self._enqueued[key] = metrics.ENQUEUED.labels(
                     message.actor_name, q_name(message.queue_name)
                 )
-            counter.inc()
+            writes.add(counter)
 
     def _of(self, message: MessageProxy) -> _Children:
         key = (message.actor_name, message.queue_name)
@@ -64,7 +69,7 @@ class Metrics(dramatiq.Middleware):
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started[message.message_id] = time.perf_counter()
-        self._of(message).in_progress.inc()
+        writes.add(self._of(message).in_progress)
 
     def after_process_message(
         self,
@@ -75,28 +80,28 @@ class Metrics(dramatiq.Middleware):
         exception: BaseException | None = None,
     ) -> None:
         children = self._of(message)
-        children.in_progress.dec()
+        writes.add(children.in_progress, -1)
         started = self._started.pop(message.message_id, None)
         if is_deferral(exception) and not message.failed:
-            children.deferred.inc()
+            writes.add(children.deferred)
             return
         if started is not None:
-            children.duration.observe(time.perf_counter() - started)
+            writes.observe(children.duration, time.perf_counter() - started)
         if exception is None:
-            children.succeeded.inc()
+            writes.add(children.succeeded)
         elif message.failed:
-            children.failed.inc()
+            writes.add(children.failed)
         else:
-            children.retries.inc()
-            children.retried.inc()
+            writes.add(children.retries)
+            writes.add(children.retried)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         labels = (message.actor_name, q_name(message.queue_name))
         if message.message_id in self._started:  # skipped after before_process ran
             self._started.pop(message.message_id)
-            metrics.IN_PROGRESS.labels(*labels).dec()
+            writes.add(self._of(message).in_progress, -1)
         if not message.options.get("paused_requeue"):
-            metrics.JOBS.labels(*labels, "skipped").inc()
+            writes.add(metrics.JOBS.labels(*labels, "skipped"))
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # One heartbeat per process (it beats for the broker id), however many
@@ -110,6 +115,7 @@ class Metrics(dramatiq.Middleware):
         _forget_live_gauges_at_exit()
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        writes.flush()  # its last jobs' figures, before a caller reads or the process ends
         with self._heartbeat_mutex:
             self._workers -= 1
             if self._workers > 0 or self._heartbeat is None:

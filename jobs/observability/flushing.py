@@ -1,0 +1,54 @@
+"""A daemon thread that writes a process's buffered figures to its metrics.
+
+For counters kept in memory on a hot path (``jobs.observability.deferred``,
+``jobs.consistency.locks``): ``flush()`` every ``FLUSH_INTERVAL`` seconds from
+the first ``_ensure_flusher()`` on, and once more at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class PeriodicFlush:
+    FLUSH_INTERVAL = 1.0  # seconds
+    flusher_name = "metrics-flush"
+    _flusher: threading.Thread | None = None
+    _exit_flush_registered = False
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is not None:
+            return
+        with _starting:
+            if self._flusher is not None:
+                return
+            if not self._exit_flush_registered:
+                atexit.register(self.flush)
+                self._exit_flush_registered = True
+            self._flusher = threading.Thread(target=self._run, name=self.flusher_name, daemon=True)
+            self._flusher.start()
+
+    def _forget_flusher(self) -> None:
+        """In a forked child: threads do not survive a fork (the exit flush does)."""
+        global _starting
+        _starting = threading.Lock()  # the parent's may have been held at the fork
+        self._flusher = None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.FLUSH_INTERVAL)
+            try:
+                self.flush()
+            except Exception:  # a metrics file problem must not end the flushing
+                logger.exception("Flushing %s failed", self.flusher_name)
+
+
+_starting = threading.Lock()
