@@ -2,13 +2,17 @@
 
 For counters kept in memory on a hot path (``jobs.observability.deferred``,
 ``jobs.consistency.locks``): ``flush()`` every ``FLUSH_INTERVAL`` seconds from
-the first ``_ensure_flusher()`` on, and once more at exit.
+the first ``_ensure_flusher()`` on, and once more at exit: through ``atexit``
+for a plain interpreter, and through multiprocessing's finalizers for a
+process it started (dramatiq's worker processes), which ends with
+``os._exit`` and never runs ``atexit`` handlers, even after ``sys.exit``.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import threading
 import time
 
@@ -33,6 +37,9 @@ class PeriodicFlush:
             if not self._exit_flush_registered:
                 atexit.register(self.flush)
                 self._exit_flush_registered = True
+            # In every process that starts a flusher: a finalizer registered
+            # before a fork is skipped in the child.
+            multiprocessing.util.Finalize(None, self.flush, exitpriority=100)
             self._flusher = threading.Thread(target=self._run, name=self.flusher_name, daemon=True)
             self._flusher.start()
 

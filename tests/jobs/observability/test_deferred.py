@@ -70,13 +70,16 @@ def test_the_flusher_writes_within_its_interval() -> None:
     _, counter, _, histogram = figures("test_deferred_timer")
     later = DeferredWrites()
     later.FLUSH_INTERVAL = 0.05
-    later.add(counter.labels("a"), 2)
-    later.observe(histogram.labels("a"), 0.5)
-    deadline = time.monotonic() + 5
-    while counter.labels("a")._value.get() != 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert counter.labels("a")._value.get() == 2
-    assert histogram.labels("a")._sum.get() == 0.5
+    try:
+        later.add(counter.labels("a"), 2)
+        later.observe(histogram.labels("a"), 0.5)
+        deadline = time.monotonic() + 5
+        while counter.labels("a")._value.get() != 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counter.labels("a")._value.get() == 2
+        assert histogram.labels("a")._sum.get() == 0.5
+    finally:
+        later.FLUSH_INTERVAL = 3600  # its thread sleeps for the rest of the run
 
 
 def test_nothing_is_lost_or_counted_twice_while_threads_add_and_the_flusher_runs() -> None:
@@ -94,10 +97,13 @@ def test_nothing_is_lost_or_counted_twice_while_threads_add_and_the_flusher_runs
             later.observe(histogram.labels("a"), 0.05 if n % 2 else 5.0)
 
     threads = [threading.Thread(target=hot_path) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        later.FLUSH_INTERVAL = 3600  # its thread sleeps for the rest of the run
     later.flush()
     # Then every write is there exactly once
     jobs = 8 * per_thread
@@ -106,6 +112,43 @@ def test_nothing_is_lost_or_counted_twice_while_threads_add_and_the_flusher_runs
     buckets = [bucket.get() for bucket in histogram.labels("a")._buckets]
     assert buckets == [0, jobs / 2, 0, jobs / 2]  # 0.05 -> le=0.1, 5.0 -> +Inf
     assert histogram.labels("a")._sum.get() == pytest.approx(jobs / 2 * 5.05)
+
+
+@pytest.mark.parametrize("ending", ["returns", "sys.exit"])
+def test_a_worker_process_that_ends_without_stopping_its_worker_writes_what_was_pending(
+    tmp_path: Path, ending: str
+) -> None:
+    # Given a process started as dramatiq starts its worker processes
+    # (multiprocessing, which ends the child with os._exit: no atexit)
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing, sys
+        from prometheus_client import Counter
+        from jobs.observability import metrics  # multiprocess values, as shipped
+        from jobs.observability.deferred import writes
+
+        counter = Counter("test_deferred_child", "in a child")
+
+        def child():
+            writes.FLUSH_INTERVAL = 3600
+            writes.add(counter, 2)
+            if {ending == "sys.exit"!r}:
+                sys.exit(3)  # as dramatiq's handler of a second SIGTERM does
+
+        if __name__ == "__main__":
+            process = multiprocessing.get_context("fork").Process(target=child)
+            process.start()
+            process.join()
+        """
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, cwd=ROOT, timeout=60)
+    # Then its figures reached its metrics file
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=str(tmp_path))  # type: ignore[no-untyped-call]
+    assert registry.get_sample_value("test_deferred_child_total") == 2
 
 
 def test_writes_pending_at_exit_reach_the_metrics_files(tmp_path: Path) -> None:
