@@ -411,7 +411,7 @@ class BatchWriter:
         self.buffer: deque[tuple[int, Event]] = deque()
         # Events nothing waits for (a job's start, an enqueue), appended without
         # the lock; numbered into the buffer by whoever needs them counted (the
-        # writer taking a batch, hold_ack, flush, a durable add).
+        # writer taking a batch, hold_ack, flush).
         self.loose: deque[Event] = deque()
         # The hot paths (add, after_written) take the plain lock itself: its
         # enter and exit are C, where Condition's are Python methods, and a

@@ -15,18 +15,20 @@ import logging
 import multiprocessing.util
 import threading
 import time
+from abc import ABC, abstractmethod
 
 logger = logging.getLogger(__name__)
 
 
-class PeriodicFlush:
+class PeriodicFlush(ABC):
     FLUSH_INTERVAL = 1.0  # seconds
     flusher_name = "metrics-flush"
     _flusher: threading.Thread | None = None
     _exit_flush_registered = False
 
+    @abstractmethod
     def flush(self) -> None:
-        raise NotImplementedError
+        """Write what was counted in memory to the metrics."""
 
     def _ensure_flusher(self) -> None:
         if self._flusher is not None:
