@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import _RedisConsumer
-from dramatiq.common import current_millis
+from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from jobs.broker import strays
+from jobs.broker import room, strays
 from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
 from jobs.ledger import writer as ledger
@@ -146,6 +146,9 @@ class LedgerOrderedConsumer(_RedisConsumer):
         self.memory = strays.memory_of(threading.current_thread())
         self._delays = self.queue_name.endswith(".DQ")
         self._strays_handed_back = False
+        # Woken by the ack that makes room rather than sleeping (jobs.broker.room).
+        self.room = room.Room()
+        self.work_queue = room.work_queue_of(threading.current_thread())
 
     def __next__(self) -> dramatiq.MessageProxy | None:
         if not self._strays_handed_back:
@@ -160,7 +163,12 @@ class LedgerOrderedConsumer(_RedisConsumer):
         return message
 
     def _next(self) -> dramatiq.MessageProxy | None:
-        """The next message, or None after a wait: Dramatiq's fetch and sleep."""
+        """The next message, or None after a wait: Dramatiq's fetch and sleep,
+        except that a full consumer is woken when a worker thread makes room."""
+        if not (self.message_cache or self._delays or self.has_room()):
+            self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+            self.room.wait(self.has_room, backoff_ms / 1000)
+            return None
         try:
             message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
         except redis.TimeoutError as exc:
@@ -206,7 +214,25 @@ class LedgerOrderedConsumer(_RedisConsumer):
         waiting = len(self.queued_message_ids) - min(len(self.held_ids), HELD_ACKS_MAX)
         return waiting + len(self.message_cache)
 
+    def has_room(self) -> bool:
+        """Whether to fetch more messages now (``jobs.broker.room``)."""
+        outstanding = self.outstanding_message_count
+        if self._delays:
+            return outstanding < int(self.prefetch)  # Dramatiq's rule
+        return room.has_room(outstanding, self.prefetch, self.work_queue)
+
+    def made_room(self) -> None:
+        """After an ack or nack: wake the consumer thread if it waits for room."""
+        if self.room.awaited:
+            self.room.made(self.has_room)
+
     def ack(self, message: dramatiq.MessageProxy) -> None:
+        try:
+            self._ack(message)
+        finally:
+            self.made_room()
+
+    def _ack(self, message: dramatiq.MessageProxy) -> None:
         self._settled(message)
         command = "requeue" if message.options.get(GIVE_BACK) else "ack"
         if self._held(message, command):
@@ -231,8 +257,11 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def nack(self, message: dramatiq.MessageProxy) -> None:
         self._settled(message)
-        if not self._held(message, "nack"):
-            super().nack(message)  # type: ignore[no-untyped-call]
+        try:
+            if not self._held(message, "nack"):
+                super().nack(message)  # type: ignore[no-untyped-call]
+        finally:
+            self.made_room()
 
     def close(self) -> None:
         # A fetch moves up to `prefetch` messages into this worker's ack set and
@@ -296,9 +325,13 @@ class HeldAcks:
                 HeldAcks._last_warning = now
                 logger.warning("Could not ack %d job(s), trying again: %s", len(held), exc)
             return held
+        consumers = set()
         for consumer, message, _command in held:
             consumer.queued_message_ids.discard(message.message_id)
             consumer.held_ids.discard(message.message_id)
+            consumers.add(consumer)
+        for consumer in consumers:  # room, if past HELD_ACKS_MAX they counted
+            consumer.made_room()
         return []
 
     def _dispatch_all(self, held: list[HeldAck]) -> None:

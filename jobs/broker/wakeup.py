@@ -257,9 +257,10 @@ class _WakeupConsumer(LedgerOrderedConsumer):
 
     def _next(self) -> dramatiq.MessageProxy | None:
         stock_next: Callable[[], dramatiq.MessageProxy | None] = super()._next
-        if self.message_cache or self.outstanding_message_count >= self.prefetch:
-            # Messages at hand, or no room for more: the stock path (a full
-            # consumer must not take a token another, idle, consumer needs).
+        if self.message_cache or not self.has_room():
+            # Messages at hand, or no room for more: the stock path, which waits
+            # for room (a full consumer must not take a token another, idle,
+            # consumer needs).
             return stock_next()
         try:
             room = self.prefetch - self.outstanding_message_count
