@@ -165,9 +165,8 @@ class LedgerOrderedConsumer(_RedisConsumer):
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep,
         except that a full consumer is woken when a worker thread makes room."""
-        if not (self.message_cache or self._delays or self.has_room()):
-            self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
-            self.room.wait(self.has_room, backoff_ms / 1000)
+        if not (self.message_cache or self.has_room()):
+            self.wait_for_room()
             return None
         try:
             message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
@@ -215,16 +214,24 @@ class LedgerOrderedConsumer(_RedisConsumer):
         return waiting + len(self.message_cache)
 
     def has_room(self) -> bool:
-        """Whether to fetch more messages now (``jobs.broker.room``)."""
-        outstanding = self.outstanding_message_count
-        if self._delays:
-            return outstanding < int(self.prefetch)  # Dramatiq's rule
-        return room.has_room(outstanding, self.prefetch, self.work_queue)
+        """Dramatiq's rule: fetch while fewer than ``prefetch`` messages are held."""
+        return self.outstanding_message_count < int(self.prefetch)
+
+    def wait_for_room(self) -> None:
+        """Dramatiq's sleep of a full consumer, cut short by an ack that leaves
+        enough room (``jobs.broker.room``)."""
+        self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
+        self.room.wait(self._worth_waking, backoff_ms / 1000)
+
+    def _worth_waking(self) -> bool:
+        if self._delays:  # acked by the consumer thread itself, never while it waits
+            return self.has_room()
+        return room.worth_waking(self.outstanding_message_count, self.prefetch, self.work_queue)
 
     def made_room(self) -> None:
         """After an ack or nack: wake the consumer thread if it waits for room."""
         if self.room.awaited:
-            self.room.made(self.has_room)
+            self.room.made(self._worth_waking)
 
     def ack(self, message: dramatiq.MessageProxy) -> None:
         try:

@@ -6,16 +6,14 @@ twice as long each time it finds no room, up to the worker timeout. Worker
 threads that finish short jobs meanwhile empty the work queue and wait (see
 README, "Performance": with no-op jobs, most of a drain).
 
-Here the consumer waits on an event instead, bounded by the same backoff (so
-its loop still turns as often: delayed messages, a stop), and the worker
-thread whose ack makes room sets it. "Room" is not one free slot, which would
-mean a Redis round trip per message with fast jobs: the consumer refills once
-half its prefetch is free (every thread still has a message with Dramatiq's
-default prefetch), or as soon as no message waits in the work queue (a thread
-is about to go idle: long jobs with a prefetch below twice the threads).
-
-Delay queues keep Dramatiq's rule: their messages wait for an eta, not a
-thread, and the consumer itself acks them.
+Here a full consumer waits on an event instead, bounded by the same backoff,
+and an ack (or nack) that leaves enough room sets it; when the wait ends the
+consumer fetches by Dramatiq's own rule (whatever room there is), so it never
+fetches later than Dramatiq's consumer would. "Enough room" is not one free
+slot, which with fast jobs would mean a Redis round trip per message: half
+the prefetch free (every thread still has a message with Dramatiq's default
+prefetch), or no message left waiting in the work queue (a thread is about to
+go idle: long jobs with a prefetch below twice the threads).
 """
 
 from __future__ import annotations
@@ -26,21 +24,22 @@ from collections.abc import Callable
 from typing import Any
 
 
-def has_room(outstanding: int, prefetch: int, work_queue: queue.Queue[Any] | None) -> bool:
-    """Whether a consumer holding ``outstanding`` messages should fetch more."""
+def worth_waking(outstanding: int, prefetch: int, work_queue: queue.Queue[Any] | None) -> bool:
+    """Whether a full consumer, now holding ``outstanding`` messages, should fetch
+    at once rather than at the end of its backoff."""
     if outstanding >= prefetch:
         return False
     if work_queue is None or outstanding <= prefetch // 2:
         return True
     # Read without the queue's lock: a length is enough, and worker threads
-    # call this for every job (a lock taken that often convoys; see
-    # jobs.ledger.writer.BatchWriter.add).
+    # call this after every job while their consumer waits (a lock taken that
+    # often convoys; see jobs.ledger.writer.BatchWriter.add).
     return not work_queue.queue
 
 
 def work_queue_of(thread: threading.Thread) -> queue.Queue[Any] | None:
     """The work queue a Dramatiq consumer thread feeds (None elsewhere: a
-    consumer iterated by hand, as in tests, refills whenever it may)."""
+    consumer iterated by hand, as in tests, is woken by any room)."""
     work_queue = getattr(thread, "work_queue", None)
     return work_queue if isinstance(work_queue, queue.Queue) else None
 

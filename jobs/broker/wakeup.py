@@ -257,11 +257,12 @@ class _WakeupConsumer(LedgerOrderedConsumer):
 
     def _next(self) -> dramatiq.MessageProxy | None:
         stock_next: Callable[[], dramatiq.MessageProxy | None] = super()._next
-        if self.message_cache or not self.has_room():
-            # Messages at hand, or no room for more: the stock path, which waits
-            # for room (a full consumer must not take a token another, idle,
-            # consumer needs).
+        if self.message_cache:
             return stock_next()
+        if not self.has_room():
+            # A full consumer must not take a token another, idle, consumer needs.
+            self.wait_for_room()
+            return None
         try:
             room = self.prefetch - self.outstanding_message_count
             self.message_cache = self.broker.do_fetch(self.queue_name, room)

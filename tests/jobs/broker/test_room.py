@@ -2,10 +2,10 @@
 Dramatiq's consumer sleeps its backoff: real Redis, real database, in-process
 worker.
 
-Each test sets the consumer's ``misses`` high so that Dramatiq's next sleep
+The tests set the consumer's ``misses`` high so that Dramatiq's next sleep
 would be seconds long (its backoff doubles each time a full consumer looks and
 finds no room, up to the worker timeout): on the code before jobs.broker.room
-the first two fail by taking that long.
+the first three fail by taking that long.
 
 Run: bin/test tests/jobs/broker/test_room.py   (also with --postgres)
 """
@@ -49,10 +49,10 @@ def step(name: str, hold: bool = False) -> None:
 class _ConsumerThread(threading.Thread):
     """Stands for Dramatiq's ConsumerThread: a thread with a work queue."""
 
-    def __init__(self, broker: Any, prefetch: int) -> None:
+    def __init__(self, broker: Any, prefetch: int, misses: int) -> None:
         super().__init__(daemon=True)
         self.work_queue: queue.PriorityQueue[Any] = queue.PriorityQueue()
-        self.broker, self.prefetch = broker, prefetch
+        self.broker, self.prefetch, self.misses = broker, prefetch, misses
         self.consumer: LedgerOrderedConsumer | None = None
         self.fetched: list[dramatiq.MessageProxy] = []
         self.full = threading.Event()
@@ -66,7 +66,7 @@ class _ConsumerThread(threading.Thread):
             message = next(consumer)
             if message is not None:
                 self.fetched.append(message)
-        consumer.misses = FAR
+        consumer.misses = self.misses
         self.full.set()
         self.go.wait(10)
         while next(consumer) is None:  # waits for room, then fetches
@@ -74,10 +74,10 @@ class _ConsumerThread(threading.Thread):
         self.fetched_at = time.monotonic()
 
 
-def _start_full(broker: Any, prefetch: int) -> _ConsumerThread:
+def _start_full(broker: Any, prefetch: int, misses: int = FAR) -> _ConsumerThread:
     for n in range(prefetch + 1):
         step.send(f"m{n}")
-    thread = _ConsumerThread(broker, prefetch)
+    thread = _ConsumerThread(broker, prefetch, misses)
     thread.start()
     assert thread.full.wait(10), "the consumer did not fetch its prefetch"
     assert thread.consumer is not None
@@ -123,7 +123,7 @@ def test_one_free_slot_wakes_the_consumer_only_when_no_message_waits_for_a_threa
     time.sleep(0.5)
     assert thread.is_alive()
     assert consumer.room.awaited
-    assert not consumer.has_room()
+    assert thread.fetched_at is None
     # When the threads have taken the waiting messages (the next to finish
     # would find no work) and the next ack comes (6 left: more than half), it
     # fetches
@@ -169,24 +169,41 @@ def test_a_worker_starts_the_next_job_as_soon_as_a_thread_is_free(broker):
     join(QUEUE)
 
 
+def test_a_consumer_left_waiting_fetches_its_free_slot_when_its_backoff_ends(broker):
+    # Given a consumer holding its prefetch (8), seven of them waiting in the
+    # work queue, its next look 160-320 ms away
+    thread = _start_full(broker, prefetch=8, misses=6)
+    consumer = thread.consumer
+    assert consumer is not None
+    for n in range(7):
+        thread.work_queue.put((0, n))
+    thread.go.set()
+    time.sleep(0.05)
+    # When one is acked (not worth waking it: the threads have work)
+    consumer.ack(thread.fetched[0])
+    # Then, its wait over, it fills the free slot as Dramatiq's consumer would
+    thread.join(5)
+    assert thread.fetched_at is not None, "a free slot left unfilled for 5 s"
+
+
 @pytest.mark.parametrize(
     ("outstanding", "waiting", "expected"),
     [
         (4, 0, False),  # full: never
-        (3, 2, False),  # threads have work: wait for half the prefetch
+        (3, 2, False),  # threads have work: half the prefetch, or its backoff
         (3, 0, True),  # nothing waits for a thread: refill now
         (2, 2, True),  # half free
         (0, 0, True),
     ],
 )
-def test_when_a_consumer_of_prefetch_4_refills(outstanding, waiting, expected):
+def test_when_an_ack_wakes_a_full_consumer_of_prefetch_4(outstanding, waiting, expected):
     work_queue: queue.PriorityQueue[Any] = queue.PriorityQueue()
     for n in range(waiting):
         work_queue.put((0, n))
-    assert room.has_room(outstanding, 4, work_queue) is expected
+    assert room.worth_waking(outstanding, 4, work_queue) is expected
 
 
-def test_a_consumer_with_no_work_queue_refills_whenever_it_may():
-    # (iterated by hand, as tests and scripts do: Dramatiq's rule)
-    assert room.has_room(3, 4, None)
-    assert not room.has_room(4, 4, None)
+def test_a_consumer_with_no_work_queue_is_woken_by_any_room():
+    # (iterated by hand, as tests and scripts do)
+    assert room.worth_waking(3, 4, None)
+    assert not room.worth_waking(4, 4, None)
