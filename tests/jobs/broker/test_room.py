@@ -85,17 +85,27 @@ def _start_full(broker: Any, prefetch: int, misses: int = FAR) -> _ConsumerThrea
     return thread
 
 
-def test_an_ack_that_frees_half_the_prefetch_wakes_the_consumer_at_once(broker):
-    # Given a consumer holding its prefetch (4) whose next look is 5-10 s away
-    thread = _start_full(broker, prefetch=4)
+def _waiting_full(
+    broker: Any, prefetch: int, waiting: int, settle: float, misses: int = FAR
+) -> tuple[_ConsumerThread, LedgerOrderedConsumer]:
+    """A full consumer, ``waiting`` of its messages in the work queue, let wait
+    for room for ``settle`` seconds."""
+    thread = _start_full(broker, prefetch=prefetch, misses=misses)
     consumer = thread.consumer
     assert consumer is not None
-    thread.go.set()
-    time.sleep(0.2)  # it is waiting now
-    assert consumer.room.awaited
-    # When worker threads ack two of the messages, 2 waiting in the work queue
-    for n in range(2):
+    for n in range(waiting):
         thread.work_queue.put((0, n))
+    thread.go.set()
+    time.sleep(settle)
+    return thread, consumer
+
+
+def test_an_ack_that_frees_half_the_prefetch_wakes_the_consumer_at_once(broker):
+    # Given a consumer holding its prefetch (4) whose next look is 2-4 s away,
+    # 2 of its messages waiting in the work queue
+    thread, consumer = _waiting_full(broker, prefetch=4, waiting=2, settle=0.2)
+    assert consumer.room.awaited
+    # When worker threads ack two of the messages
     acked = time.monotonic()
     for message in thread.fetched[:2]:
         consumer.ack(message)
@@ -110,13 +120,7 @@ def test_an_ack_that_frees_half_the_prefetch_wakes_the_consumer_at_once(broker):
 def test_one_free_slot_wakes_the_consumer_only_when_no_message_waits_for_a_thread(broker):
     # Given a consumer holding its prefetch (8), seven of them waiting in the
     # work queue for a thread
-    thread = _start_full(broker, prefetch=8)
-    consumer = thread.consumer
-    assert consumer is not None
-    for n in range(7):
-        thread.work_queue.put((0, n))
-    thread.go.set()
-    time.sleep(0.2)
+    thread, consumer = _waiting_full(broker, prefetch=8, waiting=7, settle=0.2)
     # When one is acked: threads still have work, and one message per fetch
     # would be a Redis round trip per job: the consumer goes on waiting
     consumer.ack(thread.fetched[0])
@@ -172,13 +176,7 @@ def test_a_worker_starts_the_next_job_as_soon_as_a_thread_is_free(broker):
 def test_a_consumer_left_waiting_fetches_its_free_slot_when_its_backoff_ends(broker):
     # Given a consumer holding its prefetch (8), seven of them waiting in the
     # work queue, its next look 160-320 ms away
-    thread = _start_full(broker, prefetch=8, misses=6)
-    consumer = thread.consumer
-    assert consumer is not None
-    for n in range(7):
-        thread.work_queue.put((0, n))
-    thread.go.set()
-    time.sleep(0.05)
+    thread, consumer = _waiting_full(broker, prefetch=8, waiting=7, settle=0.05, misses=6)
     # When one is acked (not worth waking it: the threads have work)
     consumer.ack(thread.fetched[0])
     # Then, its wait over, it fills the free slot as Dramatiq's consumer would
