@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
         django.setup()
         # Importing registers the scenarios (after set-up: they use the broker).
+        import bench.consumer_loop
         import bench.queue_scenarios
         import bench.scenarios
         import bench.web_scenarios  # noqa: F401

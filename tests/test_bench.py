@@ -26,7 +26,15 @@ TEST_KNOBS = (
 )
 
 
-SCENARIOS = ("throughput", "throughput-pg", "idle-latency", "enqueue", "admin-list", "signup")
+SCENARIOS = (
+    "throughput",
+    "throughput-pg",
+    "idle-latency",
+    "consumer-loop",
+    "enqueue",
+    "admin-list",
+    "signup",
+)
 
 
 @pytest.mark.e2e
@@ -76,3 +84,26 @@ def test_it_charges_a_workers_cpu_time_to_the_workers_per_job() -> None:
     spent = cpu.per_job(before, after, jobs=1_000)
     assert 400 <= spent[cpu.WORKERS] < 2_000, spent
     assert cpu.medians([spent, spent])["total"] == sum(spent[kind] for kind in cpu.KINDS)
+
+
+def test_its_consumer_loop_takes_and_acks_every_message_it_times(redis_server: str) -> None:
+    # Given the consumer-loop scenario's brokers: a filler and both consumers
+    # (imported here: the module needs Django's settings, which the test run has)
+    from django.conf import settings
+
+    from bench import consumer_loop, procs
+    from jobs.broker.wakeup import WakeupRedisBroker
+
+    url = settings.BROKER_REDIS_URL
+    filler = WakeupRedisBroker(url=url, instant_wakeup=False)
+    for instant_wakeup in (True, False):
+        broker = WakeupRedisBroker(url=url, instant_wakeup=instant_wakeup)
+        # When one chunk is filled and timed
+        seconds = consumer_loop._chunk_seconds(broker, filler, consumer_loop.CHUNK)
+        # Then it took time, and left no message queued, in flight or unacked:
+        # what it timed was the whole path, acks included
+        assert seconds > 0
+        client = broker.client
+        assert client.llen(f"{broker.namespace}:{procs.QUEUE}") == 0
+        assert client.hlen(f"{broker.namespace}:{procs.QUEUE}.msgs") == 0
+        assert not client.keys(f"{broker.namespace}:__acks__.*")
