@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
         django.setup()
         # Importing registers the scenarios (after set-up: they use the broker).
-        import bench.consumer_loop
         import bench.queue_scenarios
         import bench.scenarios
+        import bench.wakeup_load
         import bench.web_scenarios  # noqa: F401
         from bench.registry import SCENARIOS, Context, Measured, Row, result_rows, run, table
 

@@ -211,8 +211,8 @@ def throughput(context: Context) -> list[Row]:
                 f"dj-dramatiq admin {p}", med["admin-mw"], "ledger off", med["ledger-off"], None
             ),
             # No target here: under load both run the same consumer code, and
-            # drains spread far more than 2% (the next row); consumer-loop
-            # measures the code that differs (bench.consumer_loop).
+            # drains spread far more than 2% (the next row); wakeup-load times
+            # the paths that differ (bench.wakeup_load).
             _ratio_row(f"wake-up on {p}", med["ours"], "wake-up off", med["wake-off"], None),
             _spread_row(f"spread of drains {p}", rates["ours"], "wake-up off", rates["wake-off"]),
         ]

@@ -30,7 +30,7 @@ SCENARIOS = (
     "throughput",
     "throughput-pg",
     "idle-latency",
-    "consumer-loop",
+    "wakeup-load",
     "enqueue",
     "admin-list",
     "signup",
@@ -86,24 +86,36 @@ def test_it_charges_a_workers_cpu_time_to_the_workers_per_job() -> None:
     assert cpu.medians([spent, spent])["total"] == sum(spent[kind] for kind in cpu.KINDS)
 
 
-def test_its_consumer_loop_takes_and_acks_every_message_it_times(redis_server: str) -> None:
-    # Given the consumer-loop scenario's brokers: a filler and both consumers
-    # (imported here: the module needs Django's settings, which the test run has)
+def test_its_wakeup_load_times_the_wakeup_paths_and_leaves_nothing_behind(
+    redis_server: str,
+) -> None:
+    # Given the wakeup-load scenario's brokers (imported here: the module needs
+    # Django's settings, which the test run has)
     from django.conf import settings
 
-    from bench import consumer_loop, procs
-    from jobs.broker.wakeup import WakeupRedisBroker
+    from bench import procs, wakeup_load
+    from jobs.broker.acks import LedgerOrderedConsumer
+    from jobs.broker.wakeup import WakeupRedisBroker, _WakeupConsumer
 
     url = settings.BROKER_REDIS_URL
     filler = WakeupRedisBroker(url=url, instant_wakeup=False)
-    for instant_wakeup in (True, False):
-        broker = WakeupRedisBroker(url=url, instant_wakeup=instant_wakeup)
-        # When one chunk is filled and timed
-        seconds = consumer_loop._chunk_seconds(broker, filler, consumer_loop.CHUNK)
-        # Then it took time, and left no message queued, in flight or unacked:
-        # what it timed was the whole path, acks included
-        assert seconds > 0
-        client = broker.client
-        assert client.llen(f"{broker.namespace}:{procs.QUEUE}") == 0
-        assert client.hlen(f"{broker.namespace}:{procs.QUEUE}.msgs") == 0
-        assert not client.keys(f"{broker.namespace}:__acks__.*")
+    on = WakeupRedisBroker(url=url, instant_wakeup=True)
+    off = WakeupRedisBroker(url=url, instant_wakeup=False)
+    # (each side is the consumer it is named after, not the other one twice)
+    assert on.consumer_class is _WakeupConsumer
+    assert off.consumer_class is LedgerOrderedConsumer
+    queue = f"{on.namespace}:{procs.QUEUE}"
+    for broker in (on, off):
+        # When one consumer chunk is filled and timed
+        wakeup_load.consumer_seconds(broker, wakeup_load.CHUNK, filler=filler)
+        # Then it left no message queued, in flight or unacked: what it timed
+        # was the whole path, acks included
+        assert broker.client.llen(queue) == 0
+        assert broker.client.hlen(f"{queue}.msgs") == 0
+        assert not broker.client.keys(f"{broker.namespace}:__acks__.*")
+        # and an enqueue chunk sent every message, then dropped the queue
+        sent = broker.client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        wakeup_load.enqueue_seconds(broker, 50)
+        after = broker.client.info("commandstats")["cmdstat_evalsha"]["calls"]
+        assert after - sent >= 50  # (a first send also loads the script)
+        assert not broker.client.exists(queue, f"{queue}.msgs")

@@ -165,14 +165,25 @@ class LedgerOrderedConsumer(_RedisConsumer):
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep,
         except that a full consumer is woken when a worker thread makes room."""
-        if not (self.message_cache or self.has_room()):
-            self.wait_for_room()
-            return None
+        # While messages are cached (always, under load) every consumer class
+        # takes the same path: Dramatiq's, straight to its cache.
+        if not self.message_cache:
+            if not self.has_room():
+                self.wait_for_room()
+                return None
+            if not self._fill():
+                return None
         try:
             message: dramatiq.MessageProxy | None = super().__next__()  # type: ignore[no-untyped-call]
         except redis.TimeoutError as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         return message
+
+    def _fill(self) -> bool:
+        """Before a fetch with room: False after waiting for messages instead.
+        Here Dramatiq's ``__next__`` fetches, and sleeps when none came; the
+        wake-up consumer fetches itself and waits on its wake list."""
+        return True
 
     def _hand_back_strays(self) -> None:
         """What this thread's earlier consumer took and lost (``jobs.broker.strays``)."""

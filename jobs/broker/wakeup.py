@@ -12,9 +12,11 @@ delivery guarantees are Dramatiq's own.
 
 Why no wake-up can be lost: the token is pushed with the message, and a
 consumer only waits after a fetch that found nothing, so a message enqueued
-after that fetch leaves a token behind that ends the wait. Tokens left over
+after that fetch leaves a token behind that ends the wait (or finds the list
+full, and a wait on a list that holds tokens ends at once). Tokens left over
 while every worker was busy are harmless (a spurious wake-up costs one empty
-fetch); the list is trimmed and expires, so it cannot grow without bound.
+fetch); the list holds at most ``WAKE_LIST_MAX`` and expires, so it cannot
+grow without bound.
 
 ``DRAMATIQ_BROKER["OPTIONS"]["instant_wakeup"] = False`` restores the stock
 consumer's polling (no tokens, sleep instead of BLPOP); acks still follow the
@@ -24,7 +26,7 @@ ledger write either way (``jobs.broker.acks``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 from uuid import uuid4
 
@@ -50,13 +52,17 @@ WAKE_LIST_TTL_MS = 60_000
 # Put before dispatch.lua's own text: the enqueue and its wake-up token in one
 # script, one command (three separate token commands cost each enqueue about
 # as much again as the enqueue itself). Atomic, so no consumer sees the token
-# before the message.
+# before the message. A full list gets no token: no consumer waits while the
+# list holds any (BLPOP returns at once), and under load, where no consumer
+# waits, the list stays full, so the enqueue pays one LLEN rather than a push,
+# a trim and an expiry (7% of the enqueue rate, a quarter more Redis CPU).
 _WAKE_ON_ENQUEUE = f"""
 if ARGV[1] == "enqueue" then
     local wake = KEYS[1] .. ":" .. ARGV[3] .. ".wake"
-    redis.call("lpush", wake, 1)
-    redis.call("ltrim", wake, 0, {WAKE_LIST_MAX - 1})
-    redis.call("pexpire", wake, {WAKE_LIST_TTL_MS})
+    if redis.call("llen", wake) < {WAKE_LIST_MAX} then
+        redis.call("lpush", wake, 1)
+        redis.call("pexpire", wake, {WAKE_LIST_TTL_MS})
+    end
 end
 """
 
@@ -255,24 +261,17 @@ class _WakeupConsumer(LedgerOrderedConsumer):
                 # Handed back already: a lost wake-up only costs a poll.
                 logger.warning("Could not wake consumers of %s", self.queue_name)
 
-    def _next(self) -> dramatiq.MessageProxy | None:
-        stock_next: Callable[[], dramatiq.MessageProxy | None] = super()._next
-        if self.message_cache:
-            return stock_next()
-        if not self.has_room():
-            # A full consumer must not take a token another, idle, consumer needs.
-            self.wait_for_room()
-            return None
+    def _fill(self) -> bool:
         try:
             room = self.prefetch - self.outstanding_message_count
             self.message_cache = self.broker.do_fetch(self.queue_name, room)
             if self.message_cache:
-                return stock_next()
+                return True
             # Same bound as the stock sleep, so an idle consumer sends Redis the
             # same few commands a second (heartbeats and maintenance ride on them).
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)
             wait_ms = max(1, min(backoff_ms, self.max_wait_ms))
             self.broker.client.blpop([self.wake_key], timeout=wait_ms / 1000)
-            return None
+            return False
         except UNREACHABLE as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
