@@ -15,8 +15,8 @@ consumer only waits after a fetch that found nothing, so a message enqueued
 after that fetch leaves a token behind that ends the wait (or finds the list
 full, and a wait on a list that holds tokens ends at once). Tokens left over
 while every worker was busy are harmless (a spurious wake-up costs one empty
-fetch); the list holds at most ``WAKE_LIST_MAX`` and expires, so it cannot
-grow without bound.
+fetch, and idle consumers take them within moments); the list holds at most
+``WAKE_LIST_MAX``, so it cannot grow without bound.
 
 ``DRAMATIQ_BROKER["OPTIONS"]["instant_wakeup"] = False`` restores the stock
 consumer's polling (no tokens, sleep instead of BLPOP); acks still follow the
@@ -47,27 +47,22 @@ logger = logging.getLogger(__name__)
 # More tokens than idle consumers of one queue are never useful: each wakes one
 # consumer, and a woken consumer fetches up to its prefetch.
 WAKE_LIST_MAX = 64
-# Tokens only matter to consumers waiting now; stale ones vanish with the key.
-WAKE_LIST_TTL_MS = 60_000
 # Put before dispatch.lua's own text: the enqueue and its wake-up token in one
 # script, one command (three separate token commands cost each enqueue about
 # as much again as the enqueue itself). Atomic, so no consumer sees the token
 # before the message. A full list gets no token: no consumer waits while the
 # list holds any (BLPOP returns at once), and under load, where no consumer
-# waits, the list stays full, so the enqueue pays two reads rather than a
-# push, a trim and an expiry (7% of the enqueue rate, a quarter more Redis
-# CPU). The full list's expiry is pushed back once it is half gone: left to
-# run out under a steady load, the list would vanish between a consumer's
-# empty fetch and its BLPOP, and a message enqueued meanwhile (no token: the
-# list was full) would wait for the consumer's backoff.
+# waits, the list stays full, so the enqueue pays one LLEN rather than a push,
+# a trim and an expiry (7% of the enqueue rate, a quarter more Redis CPU).
+# The list has no expiry: 64 tokens are all it ever holds, idle consumers take
+# leftovers within moments, and a full list left to expire under a steady load
+# would vanish between a consumer's empty fetch and its BLPOP, so a message
+# enqueued meanwhile (no token: the list was full) would wait for the backoff.
 _WAKE_ON_ENQUEUE = f"""
 if ARGV[1] == "enqueue" then
     local wake = KEYS[1] .. ":" .. ARGV[3] .. ".wake"
     if redis.call("llen", wake) < {WAKE_LIST_MAX} then
         redis.call("lpush", wake, 1)
-        redis.call("pexpire", wake, {WAKE_LIST_TTL_MS})
-    elseif redis.call("pttl", wake) < {WAKE_LIST_TTL_MS // 2} then
-        redis.call("pexpire", wake, {WAKE_LIST_TTL_MS})
     end
 end
 """
@@ -232,7 +227,6 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         key = wake_key(self.namespace, queue_name)
         pipe.lpush(key, *([1] * min(count, WAKE_LIST_MAX)))
         pipe.ltrim(key, 0, WAKE_LIST_MAX - 1)
-        pipe.pexpire(key, WAKE_LIST_TTL_MS)
 
     def wake(self, queue_name: str, count: int = 1) -> None:
         """Wake up to ``count`` idle consumers of ``queue_name``."""
