@@ -16,7 +16,8 @@ after that fetch leaves a token behind that ends the wait (or finds the list
 full, and a wait on a list that holds tokens ends at once). Tokens left over
 while every worker was busy are harmless (a spurious wake-up costs one empty
 fetch, and idle consumers take them within moments); the list holds at most
-``WAKE_LIST_MAX``, so it cannot grow without bound.
+``WAKE_LIST_MAX``, so it cannot grow without bound. The tokens of a queue no
+wake-up consumer reads stay in that one key until a consumer comes.
 
 ``DRAMATIQ_BROKER["OPTIONS"]["instant_wakeup"] = False`` restores the stock
 consumer's polling (no tokens, sleep instead of BLPOP); acks still follow the

@@ -123,6 +123,18 @@ def test_it_keeps_the_wake_list_bounded(namespace):
     assert probe.broker.client.pttl(key) == -1
 
 
+def test_waking_consumers_keeps_the_wake_list_bounded(namespace):
+    # Given a broker whose requeues and hand-backs wake idle consumers
+    probe = Probe(namespace)
+    # When it wakes more consumers than the list holds, twice
+    probe.broker.wake("wake", WAKE_LIST_MAX + 36)
+    probe.broker.wake("wake", WAKE_LIST_MAX + 36)
+    # Then the list holds no more tokens than it can use, and no expiry
+    key = wake_key(namespace, "wake")
+    assert probe.broker.client.llen(key) == WAKE_LIST_MAX
+    assert probe.broker.client.pttl(key) == -1
+
+
 def test_under_load_an_enqueue_leaves_the_full_wake_list_alone(namespace):
     # Given a full wake list (under load no consumer waits, so none takes a
     # token), its tokens marked so that a write would show
