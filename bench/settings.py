@@ -27,7 +27,7 @@ DRAMATIQ_BROKER = {
     **DRAMATIQ_BROKER,
     "BROKER": "jobs.broker.wakeup.WakeupRedisBroker",
     "OPTIONS": {
-        **DRAMATIQ_BROKER["OPTIONS"],  # type: ignore[dict-item]
+        **DRAMATIQ_BROKER["OPTIONS"],
         "instant_wakeup": env_bool("JOBS_INSTANT_WAKEUP", True),
     },
     "MIDDLEWARE": _middleware,

@@ -23,7 +23,7 @@ stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   echo "==> installing dependencies into $VENV (pyproject.toml changed)"
   "$VENV"/bin/python -m pip install --quiet --upgrade pip
-  "$VENV"/bin/python -m pip install --quiet -e ".[local,test,dev]"
+  "$VENV"/bin/python -m pip install --quiet -e ".[project,local,test,dev]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -1,8 +1,23 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import autodiscover_modules
+
+from jobs.conf.broker import MIDDLEWARE
+
+# django_dramatiq builds the broker when its app is loaded, from DRAMATIQ_BROKER or
+# else a RabbitMQ broker (a crash without pika, a traceback before any check can
+# speak). Loaded before it ("jobs" first in INSTALLED_APPS, as the docs show), the
+# platform puts a stand-in there instead, and check jobs.E002 says what to set.
+BROKER_STAND_IN = not hasattr(settings, "DRAMATIQ_BROKER")
+if BROKER_STAND_IN:
+    # With the platform's middleware, so its actors' options still declare.
+    settings.DRAMATIQ_BROKER = {
+        "BROKER": "dramatiq.brokers.stub.StubBroker",
+        "MIDDLEWARE": MIDDLEWARE,
+    }
 
 
 class JobsConfig(AppConfig):
@@ -10,10 +25,24 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from jobs.checks import check_lock_ttls, check_references
+        from jobs.observability import outages
 
-        checks.register(check_lock_ttls, "jobs")
-        checks.register(check_references, "jobs")
+        # Logging is configured by now (Django's LOGGING, or Dramatiq's in a worker).
+        outages.install()
+        from jobs.checks import check_lock_ttls, check_references
+        from jobs.conf import checks as conf_checks
+        from jobs.conf.migrations import check_migrations
+
+        for check in (
+            conf_checks.check_broker,
+            conf_checks.check_cache,
+            conf_checks.check_values,
+            conf_checks.check_names,
+            check_lock_ttls,
+            check_references,
+        ):
+            checks.register(check, "jobs")
+        checks.register(check_migrations, "jobs", checks.Tags.database)
         # Every process (web included) registers every app's actors, so the admin
         # can list them, retry them and show the periodic ones.
         autodiscover_modules("tasks")

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import autodiscover_modules
 
+from jobs.conf import jobs_settings
 from jobs.consistency.locks import lock_declarations
 from jobs.ledger.references import declaration_errors
 
@@ -26,7 +27,7 @@ def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
     # imports them otherwise.
     autodiscover_modules(*getattr(settings, "DRAMATIQ_AUTODISCOVER_MODULES", ("tasks",)))
     broker = dramatiq.get_broker()
-    default_limit_ms = getattr(settings, "JOBS_TIME_LIMIT_MS", 600_000)
+    default_limit_ms = jobs_settings.JOBS_TIME_LIMIT_MS
     warnings: list[CheckMessage] = []
     for actor_name in sorted(broker.get_declared_actors()):
         actor = broker.get_actor(actor_name)

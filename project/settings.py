@@ -18,12 +18,18 @@ import dj_database_url
 import django
 from django.core.exceptions import ImproperlyConfigured
 
+from jobs.conf import dramatiq_broker, redis_cache
+from jobs.conf.redis_urls import split_redis_url
+from jobs.conf.sentinels import sentinel_config
+from project.devservices import load_dev_services
 from project.env import env_bool, env_int, env_list, env_rate, env_str
-from project.redis_sentinels import cache_location, sentinel_config
-from project.redis_urls import split_redis_url, with_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+# A shell beside a running bin/dev finds its private Redis (project/devservices.py);
+# settings that import these (the tests', the bench's) never do.
+if os.environ.get("DJANGO_SETTINGS_MODULE", __name__) == __name__:
+    load_dev_services(VAR_DIR)
 
 # Prometheus multiprocess mode: every process (web, workers, scheduler) writes
 # its metrics here and /metrics sums them. prometheus_client reads this when it
@@ -51,8 +57,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_dramatiq",
+    # the platform before django_dramatiq (jobs/apps.py says why)
     "jobs",
+    "django_dramatiq",
     "accounts",
 ]
 if importlib.util.find_spec("django.tasks") is None:
@@ -130,29 +137,13 @@ REDIS_SENTINEL = sentinel_config(
 )
 
 CACHES = {
-    "default": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": CACHE_REDIS_URL,
-        "KEY_PREFIX": "app",
-        "OPTIONS": {
-            "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            "SOCKET_CONNECT_TIMEOUT": 2,
-            "SOCKET_TIMEOUT": 2,
-        },
-    }
-}
-if REDIS_SENTINEL is not None:
-    _sentinels, _master = REDIS_SENTINEL
-    # DefaultClient, not django-redis's SentinelClient: that one reads from
-    # replicas, and a lagging replica would serve a value the cache just
-    # invalidated after a commit. Every read and write goes to the primary.
-    CACHES["default"]["LOCATION"] = cache_location(_master, CACHE_REDIS_URL)
-    CACHES["default"]["OPTIONS"].update(  # type: ignore[attr-defined]
-        {
-            "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
-            "SENTINELS": _sentinels,
-        }
+    "default": redis_cache(
+        CACHE_REDIS_URL,
+        sentinels=REDIS_SENTINEL[0] if REDIS_SENTINEL else None,
+        sentinel_master=REDIS_SENTINEL[1] if REDIS_SENTINEL else None,
+        key_prefix="app",
     )
+}
 
 # --- Jobs (Dramatiq) ---------------------------------------------------------
 
@@ -238,67 +229,29 @@ JOBS_PERIODIC_SKIP_AFTER_S = env_int("JOBS_PERIODIC_SKIP_AFTER_S", 3600, minimum
 JOBS_SCHEDULER_SPEED = float(env_int("JOBS_SCHEDULER_SPEED", 1, minimum=1))
 JOBS_SCHEDULER_EPOCH = float(env_int("JOBS_SCHEDULER_EPOCH", 0, minimum=0))
 # "0 6 * * *": at 06:00 every day (in JOBS_SCHEDULE_TZ).
-REPORT_CRON = env_str("REPORT_CRON", "0 6 * * *")
+JOBS_REPORT_CRON = env_str("REPORT_CRON", "0 6 * * *")
 # A report missed while no scheduler ran is produced when one starts within this window.
-REPORT_CATCH_UP_HOURS = env_int("REPORT_CATCH_UP_HOURS", 12, minimum=0)
+JOBS_REPORT_CATCH_UP_HOURS = env_int("REPORT_CATCH_UP_HOURS", 12, minimum=0)
 # "* * * * *": every minute.
-WATCHDOG_CRON = env_str("WATCHDOG_CRON", "* * * * *")
+JOBS_WATCHDOG_CRON = env_str("WATCHDOG_CRON", "* * * * *")
 # "30 3 * * *": at 03:30 every day.
-PRUNE_CRON = env_str("PRUNE_CRON", "30 3 * * *")
+JOBS_PRUNE_CRON = env_str("PRUNE_CRON", "30 3 * * *")
 # Watchdog thresholds.
-WATCHDOG_GRACE_S = env_int("WATCHDOG_GRACE_S", 60, minimum=0)
-WATCHDOG_LOCK_MAX_AGE_S = env_int("WATCHDOG_LOCK_MAX_AGE_S", 900, minimum=1)
-WATCHDOG_QUEUE_STALL_MINUTES = env_int("WATCHDOG_QUEUE_STALL_MINUTES", 5, minimum=1)
+JOBS_WATCHDOG_GRACE_S = env_int("WATCHDOG_GRACE_S", 60, minimum=0)
+JOBS_WATCHDOG_LOCK_MAX_AGE_S = env_int("WATCHDOG_LOCK_MAX_AGE_S", 900, minimum=1)
+JOBS_WATCHDOG_QUEUE_STALL_MINUTES = env_int("WATCHDOG_QUEUE_STALL_MINUTES", 5, minimum=1)
 # One alert mail per incident kind within this many minutes.
-WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum=1)
+JOBS_WATCHDOG_MAIL_EVERY_MINUTES = env_int("WATCHDOG_MAIL_EVERY_MINUTES", 60, minimum=1)
 
-DRAMATIQ_BROKER = {
-    # Dramatiq's RedisBroker plus instant wake-up of idle workers (jobs/broker/wakeup.py).
-    "BROKER": "jobs.broker.wakeup.WakeupRedisBroker",
-    "OPTIONS": {
-        "instant_wakeup": JOBS_INSTANT_WAKEUP,
-        # Fail fast when Redis is unreachable: the outbox keeps the message and a
-        # request must not hang on a dead broker.
-        "url": with_options(BROKER_REDIS_URL, socket_connect_timeout=2, socket_timeout=10),
-        # How long a worker may be silent before its unacked messages are given
-        # to other workers (Dramatiq's default is 60 s).
-        "heartbeat_timeout": JOBS_HEARTBEAT_TIMEOUT_MS,
-        # None unless REDIS_SENTINELS is set: then the URL's host is not used.
-        "sentinels": REDIS_SENTINEL[0] if REDIS_SENTINEL else None,
-        "sentinel_master": REDIS_SENTINEL[1] if REDIS_SENTINEL else None,
-    },
-    # Listing middleware replaces Dramatiq's defaults, so every one we rely on is
-    # written out; dropping one here silently drops its behaviour. Dramatiq runs
-    # before_* hooks in this order and after_* hooks in reverse, hence:
-    "MIDDLEWARE": [
-        # first in, last out: connections are tidied after the ledger wrote
-        # (django-dramatiq's DbConnectionsMiddleware, skipping threads that
-        # never used the database)
-        "jobs.middleware.connections.DbConnections",
-        "dramatiq.middleware.AgeLimit",
-        "jobs.middleware.time_limit.TimeLimit",
-        "dramatiq.middleware.ShutdownNotifications",
-        "dramatiq.middleware.Callbacks",
-        "dramatiq.middleware.Pipelines",
-        "dramatiq.middleware.CurrentMessage",
-        # request id into messages; job id, actor, attempt, queue onto log lines
-        "jobs.observability.logcontext.JobLogContext",
-        # a paused or cancelled message is turned away before the ledger marks it running
-        "jobs.middleware.control.Control",
-        # after Retries has failed or re-enqueued a message, metrics and ledger record it
-        "jobs.middleware.metrics.Metrics",
-        "jobs.middleware.ledger.Ledger",
-        "jobs.middleware.retries.Retries",
-        # periodiq's option check (periodic=, catch_up=) and stale-tick skipping
-        "jobs.middleware.periodic.Periodic",
-        # frees send_unique() keys once a job is finished for good
-        "jobs.middleware.dedup.Dedup",
-        # publishes outbox rows that could not be sent at commit (broker down)
-        "jobs.middleware.outbox.OutboxRelay",
-        # last before the actor: arguments checked against its signature
-        "jobs.middleware.payloads.Payloads",
-    ],
-}
+# The platform's Redis broker with every middleware it relies on, in order
+# (jobs/conf/broker.py says why each is there).
+DRAMATIQ_BROKER = dramatiq_broker(
+    BROKER_REDIS_URL,
+    sentinels=REDIS_SENTINEL[0] if REDIS_SENTINEL else None,
+    sentinel_master=REDIS_SENTINEL[1] if REDIS_SENTINEL else None,
+    heartbeat_timeout_ms=JOBS_HEARTBEAT_TIMEOUT_MS,
+    instant_wakeup=JOBS_INSTANT_WAKEUP,
+)
 
 # Django's Tasks framework (@task functions) runs on the same workers as the
 # actors; results come from the job ledger. OPTIONS take Dramatiq's actor
@@ -352,6 +305,8 @@ else:
     EMAIL_TIMEOUT = _EMAIL_TIMEOUT
     ADMINS = [parseaddr(item) for item in _ADMINS]
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
+# Links in the platform's daily report and alert mails.
+JOBS_SITE_URL = SITE_URL
 
 # --- Signup ------------------------------------------------------------------
 
@@ -404,9 +359,9 @@ if not DEBUG:
 # --- Metrics -------------------------------------------------------------------
 
 # /metrics: loopback only in DEBUG; otherwise a bearer token or an allowlist.
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
-METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
-for _network in METRICS_ALLOWED_IPS:
+JOBS_METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+JOBS_METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
+for _network in JOBS_METRICS_ALLOWED_IPS:
     try:
         ipaddress.ip_network(_network, strict=False)
     except ValueError:

@@ -4,16 +4,13 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from jobs.observability.health import healthz
-from jobs.observability.metrics_view import metrics
-
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="accounts:signup", permanent=False)),
     path("accounts/", include("accounts.urls")),
     path("api/", include("accounts.api_urls")),
     path("admin/", admin.site.urls),
-    path("healthz", healthz, name="healthz"),
-    path("metrics", metrics, name="metrics"),
+    # /healthz and /metrics
+    path("", include("jobs.urls")),
 ]
 
 # A database lost while a middleware runs (e.g. saving the session) is a 503 too.

@@ -51,7 +51,7 @@ def test_redis_persists_jobs_and_every_long_running_service_has_a_health_check()
 
 def test_the_dockerfile_builds_what_compose_runs() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert ".[postgres]" in dockerfile
+    assert ".[project,postgres]" in dockerfile
     assert "collectstatic" in dockerfile
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from jobs.conf.redis_urls import split_redis_url
+from jobs.conf.sentinels import cache_location, parse_sentinels
 from project.env import Rate, parse_rate
-from project.redis_sentinels import cache_location, parse_sentinels
-from project.redis_urls import split_redis_url
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,10 +20,10 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 from dramatiq.encoder import JSONEncoder
 from dramatiq.middleware import MiddlewareError
 
+from jobs.conf import jobs_settings
 from jobs.errors import DEFERRALS
 
 # Options set by the broker, Retries, the rate limiter and the pause control,
@@ -84,8 +84,8 @@ def _pair_size(key: str, value: Any) -> int:
 
 
 def _refuse_oversize(message: dramatiq.Message[Any], size: int) -> None:
-    if size > settings.JOBS_MAX_PAYLOAD_BYTES:
+    if size > jobs_settings.JOBS_MAX_PAYLOAD_BYTES:
         raise PayloadTooLarge(
             f"{message.actor_name} message is {size} bytes; the limit is "
-            f"{settings.JOBS_MAX_PAYLOAD_BYTES} (JOBS_MAX_PAYLOAD_BYTES). Pass ids, not data."
+            f"{jobs_settings.JOBS_MAX_PAYLOAD_BYTES} (JOBS_MAX_PAYLOAD_BYTES). Pass ids, not data."
         )

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import dramatiq
-from django.conf import settings
 from django.core.cache import caches
 from django.db import transaction
 from redis import Redis
@@ -44,6 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from jobs.broker import packed
 from jobs.broker.scripts import LuaScript
+from jobs.conf import jobs_settings
 from jobs.consistency.connection import default_redis
 from jobs.consistency.dedup import send_unique
 
@@ -118,7 +118,7 @@ def _client() -> Redis:
 
 def _codec() -> Any:
     """django-redis's serializer and compressor, so values match ``cache.get``'s."""
-    return caches["default"].client  # type: ignore[attr-defined]
+    return caches[jobs_settings.JOBS_CACHE].client  # type: ignore[attr-defined]
 
 
 def _client_and_codec() -> tuple[Redis, Any]:
@@ -161,7 +161,7 @@ def _read(client: Redis, version_key: str, value_key: str) -> list[bytes | None]
 
 def _fill(client: Redis, value_key: str, stamp: bytes, loader: Callable[[], T], ttl: float) -> T:
     lease_key = value_key + ":lease"
-    lease_ms = int(getattr(settings, "JOBS_CACHE_LEASE_MS", 5_000))
+    lease_ms = int(jobs_settings.JOBS_CACHE_LEASE_MS)
     deadline = time.monotonic() + lease_ms / 1000
     token = secrets.token_hex(8)
     pause = 0.002

@@ -16,10 +16,10 @@ import logging
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 
 from jobs.broker import redis_broker
 from jobs.broker.scripts import LuaScript
+from jobs.conf import jobs_settings
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def send_unique(
     """Enqueue ``actor(*args, **kwargs)`` unless a job with ``key`` is waiting or running."""
     message = actor.message_with_options(args=args, kwargs=kwargs, **{OPTION: key})
     client = redis_broker().client
-    ttl_ms = int(getattr(settings, "JOBS_DEDUP_TTL_MS", 3_600_000))
+    ttl_ms = int(jobs_settings.JOBS_DEDUP_TTL_MS)
     if not client.set(redis_key(key), message.message_id, nx=True, px=ttl_ms):
         logger.debug("Job %s already pending; not enqueued", key)
         return None

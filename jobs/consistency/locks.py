@@ -50,12 +50,12 @@ from dataclasses import asdict, dataclass
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
-from django.conf import settings
 from dramatiq.middleware import CurrentMessage
 from redis import Redis
 from redis.exceptions import RedisError
 
 from jobs.broker.scripts import LuaScript
+from jobs.conf import jobs_settings
 from jobs.consistency.connection import default_redis
 from jobs.errors import TransientJobError
 from jobs.observability import metrics
@@ -424,7 +424,7 @@ os.register_at_fork(after_in_child=_watchdog.after_fork_in_child)
 
 
 def _wait_warning_seconds() -> float:
-    return float(getattr(settings, "JOBS_LOCK_WAIT_WARNING_MS", 1000)) / 1000
+    return float(jobs_settings.JOBS_LOCK_WAIT_WARNING_MS) / 1000
 
 
 def _acquire(

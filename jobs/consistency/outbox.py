@@ -47,7 +47,6 @@ from typing import Any
 
 import dramatiq
 import redis
-from django.conf import settings
 from django.db import close_old_connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -55,6 +54,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from jobs.broker import redis_broker, replication
 from jobs.broker.limits import check_size
+from jobs.conf import jobs_settings
 from jobs.ledger.storable import unstorable
 from jobs.models import Job, OutboxMessage
 from jobs.observability import logcontext
@@ -149,8 +149,8 @@ def publish(row_ids: list[int]) -> int:
 
 def _publish_row(broker: RedisBroker, row: OutboxMessage) -> None:
     """Send the row's message unless Redis holds it already; raise unless confirmed."""
-    replicas = settings.JOBS_OUTBOX_WAIT_REPLICAS
-    timeout_ms = settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
+    replicas = jobs_settings.JOBS_OUTBOX_WAIT_REPLICAS
+    timeout_ms = jobs_settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
     options = dict(row.payload.get("options", {}))
     eta, now = options.pop(_ETA, None), time.time() * 1000
     delay = None if eta is None or eta <= now else int(eta - now)
@@ -199,7 +199,7 @@ def _ledger_saw_it_start(message_id: str) -> bool:
 def pending_ids(limit: int = BATCH) -> list[int]:
     """Rows due for the relay: unsent, unclaimed, and past the committer's own try."""
     now = timezone.now()
-    grace = timedelta(milliseconds=settings.JOBS_OUTBOX_GRACE_MS)
+    grace = timedelta(milliseconds=jobs_settings.JOBS_OUTBOX_GRACE_MS)
     return list(
         OutboxMessage.objects.filter(sent_at__isnull=True, created_at__lt=now - grace)
         .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))

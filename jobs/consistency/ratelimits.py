@@ -25,6 +25,7 @@ from django_redis import get_redis_connection
 from dramatiq.rate_limits import WindowRateLimiter
 from dramatiq.rate_limits.backends import RedisBackend
 
+from jobs.conf import jobs_settings
 from jobs.errors import Deferred
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def rate_limited(
         @wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             limiter = WindowRateLimiter(  # type: ignore[no-untyped-call]
-                RedisBackend(client=get_redis_connection("default")),
+                RedisBackend(client=get_redis_connection(jobs_settings.JOBS_CACHE)),
                 f"ratelimit:actor:{key}",
                 limit=limit() if callable(limit) else limit,
                 window=window,

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.cache import cache
+from django.core.cache import caches
 from django.db.models import Case, CharField, Count, Func, IntegerField, Q, Value, When
 from django.utils import timezone
 
+from jobs.conf import jobs_settings
 from jobs.ledger import states
 from jobs.models import Job
 from jobs.observability.metrics import DURATION_BUCKETS
@@ -241,13 +242,17 @@ def _hours(starts: list[datetime], now: datetime) -> dict[str, Bucket]:
     keys = {_key(s, "hour"): s for s in settled}
     found: dict[str, Bucket] = {
         key[len(CACHE_PREFIX) :]: value
-        for key, value in cache.get_many([CACHE_PREFIX + k for k in keys]).items()
+        for key, value in caches[jobs_settings.JOBS_CACHE]
+        .get_many([CACHE_PREFIX + k for k in keys])
+        .items()
     }
     missing = [s for k, s in keys.items() if k not in found]
     if missing:
         fresh = _aggregate("hour", min(missing), max(missing) + timedelta(hours=1))
         computed = {_key(s, "hour"): fresh.get(_key(s, "hour"), Bucket()) for s in missing}
-        cache.set_many({CACHE_PREFIX + k: v for k, v in computed.items()}, 25 * 3600)
+        caches[jobs_settings.JOBS_CACHE].set_many(
+            {CACHE_PREFIX + k: v for k, v in computed.items()}, 25 * 3600
+        )
         found.update(computed)
     live_from = max(settled) + timedelta(hours=1) if settled else starts[0]
     found.update(_aggregate("hour", live_from))

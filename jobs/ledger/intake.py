@@ -34,10 +34,10 @@ from typing import Any
 from uuid import uuid4
 
 import dramatiq
-from django.conf import settings
 from django.db import connection
 from dramatiq.common import q_name
 
+from jobs.conf import jobs_settings
 from jobs.ledger import writer
 from jobs.ledger.writer import DatabaseUnreachable, Event
 from jobs.middleware.control import PAUSE_REQUEUES
@@ -168,7 +168,7 @@ def catch_up(broker: Any = None, timeout: float = 2.0) -> bool:
     ``READER_BACKOFF_S``.
     """
     global _reader_backoff_until
-    if not settings.JOBS_LEDGER_ENABLED:
+    if not jobs_settings.JOBS_LEDGER_ENABLED:
         return True
     broker = broker if broker is not None else dramatiq.get_broker()
     if not getattr(broker, "ledger_intake", False):
@@ -235,7 +235,7 @@ class Drainer:
         failures = 0
         while True:
             # As often as the process's own batches (read each time: tests change it).
-            interval = settings.JOBS_LEDGER_FLUSH_MS / 1000 or self.IDLE_INTERVAL
+            interval = jobs_settings.JOBS_LEDGER_FLUSH_MS / 1000 or self.IDLE_INTERVAL
             if self.stopping.wait(interval * (1 + min(failures, 20))):
                 return
             try:

@@ -13,6 +13,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
+from jobs.conf import jobs_settings
 from jobs.ledger.states import FAILED, RUNNING, SUCCEEDED
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def batch_cursor(conn: BaseDatabaseWrapper, *, prepared: bool = True) -> Iterato
     ``prepare_threshold`` (for a statement whose best plan changes as the
     table grows).
     """
-    if conn.vendor != "postgresql" or not settings.JOBS_LEDGER_PREPARED:
+    if conn.vendor != "postgresql" or not jobs_settings.JOBS_LEDGER_PREPARED:
         with conn.cursor() as cursor:
             yield cursor
         return

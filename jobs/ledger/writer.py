@@ -42,9 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
+from jobs.conf import jobs_settings
 from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
 from jobs.ledger.upsert import annotate, batch_cursor, insert_references, upsert
@@ -620,7 +620,7 @@ def _usable(writer: BatchWriter | None, interval: float) -> bool:
 
 def _batch_writer() -> BatchWriter:
     global _writer
-    interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
+    interval = jobs_settings.JOBS_LEDGER_FLUSH_MS / 1000
     if not _usable(_writer, interval):
         with _writer_lock:
             if not _usable(_writer, interval):
@@ -638,10 +638,10 @@ def record(event: Event, *, durable: bool = False, before_ack: bool = False) -> 
     same order without the wait, for a consumer that asks ``after_written``
     before it acks.
     """
-    if not settings.JOBS_LEDGER_ENABLED:
+    if not jobs_settings.JOBS_LEDGER_ENABLED:
         return
     stats.events += 1
-    if settings.JOBS_LEDGER_FLUSH_MS <= 0:
+    if jobs_settings.JOBS_LEDGER_FLUSH_MS <= 0:
         _write_safely([event])
     else:
         _batch_writer().add(event, durable=durable, before_ack=before_ack)
@@ -659,7 +659,7 @@ def write_now(events: list[Event]) -> None:
 
 def hold_ack(message_id: str) -> None:
     """The message's ack (via ``after_written``) waits for every event recorded so far."""
-    if settings.JOBS_LEDGER_ENABLED and settings.JOBS_LEDGER_FLUSH_MS > 0:
+    if jobs_settings.JOBS_LEDGER_ENABLED and jobs_settings.JOBS_LEDGER_FLUSH_MS > 0:
         _batch_writer().hold_ack(message_id)
 
 

@@ -19,12 +19,12 @@ import time
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
 
 from jobs.broker import queues
+from jobs.conf import jobs_settings
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ class Control(dramatiq.Middleware):
 
     def _current(self) -> queues.Controls:
         now = time.monotonic()
-        if now - self._read_at >= settings.JOBS_CONTROL_REFRESH_MS / 1000:
+        if now - self._read_at >= jobs_settings.JOBS_CONTROL_REFRESH_MS / 1000:
             with self._mutex:
-                if now - self._read_at >= settings.JOBS_CONTROL_REFRESH_MS / 1000:
+                if now - self._read_at >= jobs_settings.JOBS_CONTROL_REFRESH_MS / 1000:
                     try:
                         self._controls = queues.controls()
                     except Exception:  # Redis hiccup: keep the last known controls
@@ -60,6 +60,6 @@ class Control(dramatiq.Middleware):
             requeue: dramatiq.Message[Any] = message.copy(
                 queue_name=queue_name, options={PAUSE_REQUEUES: trips}
             )
-            broker.enqueue(requeue, delay=settings.JOBS_PAUSE_RECHECK_MS)
+            broker.enqueue(requeue, delay=jobs_settings.JOBS_PAUSE_RECHECK_MS)
             message.options["paused_requeue"] = True
             raise SkipMessage("queue paused")

@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
+from jobs.conf import jobs_settings
 from jobs.errors import DEFERRALS, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
@@ -209,8 +209,8 @@ class Ledger(dramatiq.Middleware):
         records this message in the Redis intake (``jobs.ledger.intake``).
         Not with ``JOBS_LEDGER_FLUSH_MS`` = 0, which writes every event at once."""
         return (
-            settings.JOBS_LEDGER_FLUSH_MS > 0
-            and bool(settings.JOBS_LEDGER_ENABLED)
+            jobs_settings.JOBS_LEDGER_FLUSH_MS > 0
+            and bool(jobs_settings.JOBS_LEDGER_ENABLED)
             and is_first_send(message)
         )
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import dramatiq
-from django.conf import settings
 from dramatiq.broker import Broker
+
+from jobs.conf import jobs_settings
 
 
 class OutboxRelay(dramatiq.Middleware):
@@ -16,11 +17,11 @@ class OutboxRelay(dramatiq.Middleware):
         self._relays: dict[dramatiq.Worker, Any] = {}
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
-        if settings.JOBS_OUTBOX_RELAY_INTERVAL_MS <= 0:
+        if jobs_settings.JOBS_OUTBOX_RELAY_INTERVAL_MS <= 0:
             return
         from jobs.consistency.outbox import Relay  # models: import after the app registry is ready
 
-        relay = Relay(settings.JOBS_OUTBOX_RELAY_INTERVAL_MS / 1000)
+        relay = Relay(jobs_settings.JOBS_OUTBOX_RELAY_INTERVAL_MS / 1000)
         relay.start()
         self._relays[worker] = relay
 

@@ -4,12 +4,13 @@ worker picks it up is skipped: a stale tick is worse than none)."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from periodiq import PeriodiqMiddleware
+
+from jobs.conf import jobs_settings
 
 
 class Periodic(PeriodiqMiddleware):  # type: ignore[misc]
     actor_options = {"periodic", "catch_up"}
 
     def __init__(self) -> None:
-        super().__init__(skip_delay=settings.JOBS_PERIODIC_SKIP_AFTER_S)
+        super().__init__(skip_delay=jobs_settings.JOBS_PERIODIC_SKIP_AFTER_S)

@@ -36,12 +36,12 @@ from typing import Any
 
 import dramatiq
 import redis
-from django.conf import settings
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.middleware import retries as stock
 
 from jobs.broker import replication
 from jobs.broker.acks import GIVE_BACK, give_back_token
+from jobs.conf import jobs_settings
 from jobs.errors import DEFERRALS, is_deferral, is_permanent
 
 logger = logging.getLogger(__name__)
@@ -51,9 +51,9 @@ MAX_TRACEBACK_CHARS = 4000
 
 class Retries(stock.Retries):
     def __init__(self, **options: Any) -> None:
-        options.setdefault("max_retries", settings.JOBS_MAX_RETRIES)
-        options.setdefault("min_backoff", settings.JOBS_MIN_BACKOFF_MS)
-        options.setdefault("max_backoff", settings.JOBS_MAX_BACKOFF_MS)
+        options.setdefault("max_retries", jobs_settings.JOBS_MAX_RETRIES)
+        options.setdefault("min_backoff", jobs_settings.JOBS_MIN_BACKOFF_MS)
+        options.setdefault("max_backoff", jobs_settings.JOBS_MAX_BACKOFF_MS)
         super().__init__(**options)
 
     def after_process_message(
@@ -72,7 +72,7 @@ class Retries(stock.Retries):
             # connection error: the message goes back, below) instead of
             # answering and taking the only copy with it.
             with replication.confirmed_by_replicas(
-                settings.JOBS_OUTBOX_WAIT_REPLICAS, settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
+                jobs_settings.JOBS_OUTBOX_WAIT_REPLICAS, jobs_settings.JOBS_OUTBOX_WAIT_TIMEOUT_MS
             ):
                 self._retry(broker, message, exception)
         except replication.ReplicationNotConfirmed as exc:

@@ -10,11 +10,11 @@ import logging
 from collections.abc import Iterator
 from datetime import timedelta
 
-from django.conf import settings
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs.conf import jobs_settings
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,9 @@ def _stuck_jobs() -> int:
     from jobs.ledger import states
     from jobs.models import Job
 
-    limit = timedelta(milliseconds=settings.JOBS_TIME_LIMIT_MS, seconds=settings.WATCHDOG_GRACE_S)
+    limit = timedelta(
+        milliseconds=jobs_settings.JOBS_TIME_LIMIT_MS, seconds=jobs_settings.JOBS_WATCHDOG_GRACE_S
+    )
     return Job.objects.filter(state=states.RUNNING, started_at__lt=timezone.now() - limit).count()
 
 

@@ -1,4 +1,5 @@
-"""``GET /healthz``: database, cache Redis and broker Redis, each probed cheaply."""
+"""``GET /healthz``: database (and its migrations), cache Redis and broker Redis, each
+probed cheaply."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from django.views.decorators.http import require_GET
 from django_redis import get_redis_connection
 
 from jobs.broker import redis_broker
+from jobs.conf import jobs_settings
+from jobs.conf.migrations import pending_migrations
 
 logger = logging.getLogger(__name__)
 
@@ -22,15 +25,23 @@ def _database() -> None:
 
 
 def _redis() -> None:
-    get_redis_connection("default").ping()
+    get_redis_connection(jobs_settings.JOBS_CACHE).ping()
 
 
 def _broker() -> None:
     redis_broker().client.ping()
 
 
-CHECKS: dict[str, Callable[[], None]] = {
+def _migrations() -> str | None:
+    # Remembered once none is pending: a probe every few seconds costs nothing then.
+    pending = pending_migrations()
+    return f"pending: {len(pending)} unapplied" if pending else None
+
+
+# Each check raises when its dependency is down, or returns what is wrong with it.
+CHECKS: dict[str, Callable[[], str | None]] = {
     "database": _database,
+    "migrations": _migrations,
     "redis": _redis,
     "broker": _broker,
 }
@@ -40,8 +51,7 @@ def check_all() -> dict[str, str]:
     status: dict[str, str] = {}
     for name, check in CHECKS.items():
         try:
-            check()
-            status[name] = "ok"
+            status[name] = check() or "ok"
         except Exception as exc:
             logger.warning("Health check %s failed: %s", name, exc)
             status[name] = f"down: {type(exc).__name__}"

@@ -1,7 +1,7 @@
 """``GET /metrics``: Prometheus text format, every process's figures summed.
 
 Open to loopback clients while ``DEBUG`` is on. Otherwise the scraper needs
-``Authorization: Bearer $METRICS_TOKEN`` or an address in ``METRICS_ALLOWED_IPS``;
+``Authorization: Bearer <JOBS_METRICS_TOKEN>`` or an address in ``JOBS_METRICS_ALLOWED_IPS``;
 anyone else gets 403.
 """
 
@@ -18,13 +18,14 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 from prometheus_client.registry import REGISTRY
 
+from jobs.conf import jobs_settings
 from jobs.observability.collector import StateCollector, declare_known_series
 from jobs.observability.deferred import writes
 
 
 def _allowed(request: HttpRequest) -> bool:
     remote = request.META.get("REMOTE_ADDR", "")
-    token = settings.METRICS_TOKEN
+    token = jobs_settings.JOBS_METRICS_TOKEN
     if token:
         header = request.headers.get("Authorization", "")
         if hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
@@ -36,7 +37,8 @@ def _allowed(request: HttpRequest) -> bool:
     if settings.DEBUG and address.is_loopback:
         return True
     return any(
-        address in ipaddress.ip_network(net, strict=False) for net in settings.METRICS_ALLOWED_IPS
+        address in ipaddress.ip_network(net, strict=False)
+        for net in jobs_settings.JOBS_METRICS_ALLOWED_IPS
     )
 
 
@@ -68,5 +70,7 @@ class _Proxy:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
-        return HttpResponse("Forbidden: set METRICS_TOKEN or METRICS_ALLOWED_IPS.", status=403)
+        return HttpResponse(
+            "Forbidden: set JOBS_METRICS_TOKEN or JOBS_METRICS_ALLOWED_IPS.", status=403
+        )
     return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)

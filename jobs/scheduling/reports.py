@@ -14,13 +14,13 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.conf import settings
 from django.core.mail import mail_admins
 from django.db import IntegrityError
 from django.db.models import Count, Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from jobs.conf import jobs_settings
 from jobs.consistency.cache import cache_stats
 from jobs.consistency.idempotency import run_once
 from jobs.consistency.locks import redis_lock
@@ -55,7 +55,7 @@ def section_figures(start: datetime, end: datetime) -> list[dict[str, Any]]:
 
 
 def day_bounds(day: date) -> tuple[datetime, datetime]:
-    tz = ZoneInfo(settings.JOBS_SCHEDULE_TZ)
+    tz = ZoneInfo(jobs_settings.JOBS_SCHEDULE_TZ)
     start = datetime.combine(day, time.min, tzinfo=tz)
     return start, start + timedelta(days=1)
 
@@ -113,13 +113,13 @@ def report_generate(day: date) -> DailyReport:
         if existing is not None:
             return existing
         figures = report_figures(day)
-        context = {"figures": figures, "site_url": settings.SITE_URL}
+        context = {"figures": figures, "site_url": jobs_settings.JOBS_SITE_URL}
         try:
             report = DailyReport.objects.create(
                 date=day,
                 figures=figures,
-                text=render_to_string("emails/daily_report.txt", context),
-                html=render_to_string("emails/daily_report.html", context),
+                text=render_to_string("jobs/emails/daily_report.txt", context),
+                html=render_to_string("jobs/emails/daily_report.html", context),
             )
         except IntegrityError:
             return DailyReport.objects.get(date=day)

@@ -26,10 +26,10 @@ from typing import Any
 
 import dramatiq
 import pendulum
-from django.conf import settings
 from dramatiq.middleware import CurrentMessage
 
 from jobs.broker import redis_broker
+from jobs.conf import jobs_settings
 
 logger = logging.getLogger(__name__)
 TICK_KEY_TTL = int(timedelta(days=8).total_seconds())
@@ -58,9 +58,9 @@ class Clock:
 
 def default_clock() -> Clock:
     return Clock(
-        tz=settings.JOBS_SCHEDULE_TZ,
-        speed=settings.JOBS_SCHEDULER_SPEED,
-        epoch=settings.JOBS_SCHEDULER_EPOCH,
+        tz=jobs_settings.JOBS_SCHEDULE_TZ,
+        speed=jobs_settings.JOBS_SCHEDULER_SPEED,
+        epoch=jobs_settings.JOBS_SCHEDULER_EPOCH,
     )
 
 
@@ -101,7 +101,7 @@ def enqueue_tick(
         return None
     try:
         message = actor.send_with_options(
-            scheduled_at=str(pendulum.now(settings.JOBS_SCHEDULE_TZ)), tick=tick.isoformat()
+            scheduled_at=str(pendulum.now(jobs_settings.JOBS_SCHEDULE_TZ)), tick=tick.isoformat()
         )
     except Exception:
         # Not sent: give the claim back so the retry (ours or another

@@ -19,13 +19,13 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
-from django.conf import settings
 from django.core.mail import mail_admins
 from django.db.models import QuerySet
 from django.utils import timezone
 from django_redis import get_redis_connection
 
 from jobs.broker import queues, redis_broker, workers
+from jobs.conf import jobs_settings
 from jobs.consistency.locks import KEY_PREFIX as LOCK_PREFIX
 from jobs.consistency.locks import held_since_ms
 from jobs.ledger import intake, states
@@ -55,7 +55,7 @@ def _time_limit_ms(job: Job) -> int:
     limit = job.options.get("time_limit")
     if limit is None and job.actor_name in redis_broker().actors:
         limit = redis_broker().actors[job.actor_name].options.get("time_limit")
-    return int(limit or settings.JOBS_TIME_LIMIT_MS)
+    return int(limit or jobs_settings.JOBS_TIME_LIMIT_MS)
 
 
 def _worker_alive(job: Job) -> bool | None:
@@ -208,7 +208,7 @@ MAX_WAITING_CHECKS = 1000
 
 
 def _settle_s() -> float:
-    interval = settings.JOBS_LEDGER_FLUSH_MS / 1000
+    interval = jobs_settings.JOBS_LEDGER_FLUSH_MS / 1000
     return interval + WRITE_ALLOWANCE_S if interval > 0 else 0.0  # 0: written before the ack
 
 
@@ -250,7 +250,7 @@ def reconcile_stalled_jobs() -> list[Finding]:
     # the latest Redis id the ledger can know.
     intake.catch_up()
     now = timezone.now()
-    grace = timedelta(seconds=settings.WATCHDOG_GRACE_S)
+    grace = timedelta(seconds=jobs_settings.JOBS_WATCHDOG_GRACE_S)
     findings = []
     gone = []
     for job in itertools.chain(_stalled_running(now, grace), _waiting(now, grace)):
@@ -287,9 +287,9 @@ def stale_locks() -> list[Finding]:
     from its TTL: a holder that keeps renewing has a short TTL however long it has
     held the lock, and a fresh lock may have a long one.
     """
-    client = get_redis_connection("default")
+    client = get_redis_connection(jobs_settings.JOBS_CACHE)
     findings = []
-    max_age_ms = settings.WATCHDOG_LOCK_MAX_AGE_S * 1000
+    max_age_ms = jobs_settings.JOBS_WATCHDOG_LOCK_MAX_AGE_S * 1000
     seconds, micros = client.time()
     # Lock values carry their holder's wall clock; Redis's is the one clock every
     # host's watchdog sees alike. Hosts run NTP: skew is far below the threshold.
@@ -317,7 +317,7 @@ def stale_locks() -> list[Finding]:
 def stuck_queues() -> list[Finding]:
     """Queues whose depth grew at every check for N minutes with no job finishing."""
     client = redis_broker().client
-    minutes = settings.WATCHDOG_QUEUE_STALL_MINUTES
+    minutes = jobs_settings.JOBS_WATCHDOG_QUEUE_STALL_MINUTES
     now = time.time()
     findings = []
     for stat in queues.all_queue_stats():
@@ -355,7 +355,7 @@ def alert(findings: list[Finding]) -> int:
         )
         by_kind.setdefault(finding.kind, []).append(finding)
     sent = 0
-    window = settings.WATCHDOG_MAIL_EVERY_MINUTES * 60
+    window = jobs_settings.JOBS_WATCHDOG_MAIL_EVERY_MINUTES * 60
     for kind, items in by_kind.items():
         if not client.set(MAILED_KEY.format(kind), "1", nx=True, ex=window):
             continue

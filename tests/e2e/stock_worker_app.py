@@ -15,7 +15,7 @@ import time
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from project.redis_urls import split_redis_url
+from jobs.conf.redis_urls import split_redis_url
 
 broker_url, _cache_url = split_redis_url("REDIS_URL", os.environ["REDIS_URL"])
 timeout_ms = int(os.environ["JOBS_HEARTBEAT_TIMEOUT_MS"])

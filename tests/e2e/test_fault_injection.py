@@ -75,7 +75,7 @@ def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(
     ledger.flush()
     # What the watchdog does each minute: ghosts of killed workers are reconciled
     # with the broker (a success whose ledger batch died with its worker).
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     reconciled = len(reconcile_stalled_jobs())
     lost = 200 - effects("demo-pipeline:kill-")
     duplicates = EffectRecord.objects.filter(key__startswith="demo-pipeline:kill-").count() - 200

@@ -42,7 +42,7 @@ def test_every_panel_query_parses_and_returns_series(
     if binary is None:
         print("SKIP: the prometheus binary is not on PATH (apt-get install prometheus)")
         pytest.skip(reason="the prometheus binary is not on PATH (apt-get install prometheus)")
-    settings.METRICS_TOKEN = TOKEN
+    settings.JOBS_METRICS_TOKEN = TOKEN
     # Given a system that ran real jobs, a lock and cache reads
     run_mix(broker, succeed=3, fail=1, retry=1)
     with redis_lock("grafana-test", ttl=10, wait=1):

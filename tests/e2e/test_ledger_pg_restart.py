@@ -56,7 +56,7 @@ def test_a_job_ending_after_a_postgres_restart_keeps_its_success(
     after_ack = state(job.message_id)
     # ... and its worker has stopped, the watchdog reconciles what the ledger says
     worker.terminate()
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     watchdog.reconcile_stalled_jobs()
     final = Job.objects.filter(message_id=job.message_id).values("state", "error_message").first()
     lost = "Job ledger write failed" in worker.log()

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from jobs.conf import jobs_settings
 from jobs.ledger.retention import prune
 
 
@@ -20,13 +20,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--keep-failed",
             type=int,
-            default=settings.JOBS_KEEP_FAILED,
+            default=jobs_settings.JOBS_KEEP_FAILED,
             help="failed jobs to keep (default: JOBS_KEEP_FAILED=%(default)s)",
         )
         parser.add_argument(
             "--keep-days",
             type=int,
-            default=settings.JOBS_KEEP_SUCCEEDED_DAYS,
+            default=jobs_settings.JOBS_KEEP_SUCCEEDED_DAYS,
             help="days to keep succeeded and skipped jobs, sent outbox rows and checkpoints "
             "(default: %(default)s)",
         )

@@ -4,10 +4,10 @@ from datetime import date, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from jobs.conf import jobs_settings
 from jobs.scheduling.reports import report_generate, report_send
 
 
@@ -25,7 +25,7 @@ class Command(BaseCommand):
             except ValueError:
                 raise CommandError(f"--date must be YYYY-MM-DD, got {options['date']!r}") from None
         else:
-            now = timezone.now().astimezone(ZoneInfo(settings.JOBS_SCHEDULE_TZ))
+            now = timezone.now().astimezone(ZoneInfo(jobs_settings.JOBS_SCHEDULE_TZ))
             day = now.date() - timedelta(days=1)
         report = report_generate(day)
         self.stdout.write(report.text)

@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django_dramatiq.management.commands.rundramatiq import Command as RunDramatiq
 
+from jobs.conf.migrations import pending_migrations, refusal
 from jobs.scheduling.scheduler import Scheduler, default_clock, periodic_actors
 
 
@@ -18,6 +19,9 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        pending = pending_migrations()
+        if pending:
+            raise CommandError(refusal(pending))
         # Import every app's tasks modules, the way rundramatiq discovers them.
         RunDramatiq(stdout=self.stdout, stderr=self.stderr).discover_tasks_modules()
         actors = periodic_actors()

@@ -65,7 +65,7 @@ def test_it_records_deferrals_as_waits_not_as_attempts(
     # Given the shipped ledger flush interval (tests/settings.py writes at once)
     # and a job that the rate limit defers three times before it runs
     settings.JOBS_LEDGER_FLUSH_MS = 200
-    settings.METRICS_TOKEN = "test-token"
+    settings.JOBS_METRICS_TOKEN = "test-token"
     competing_runs.clear()
     before = scrape(client)
 

@@ -65,7 +65,7 @@ def noop() -> None:
 def test_it_counts_a_paused_job_as_enqueued_once_however_often_it_is_rechecked(
     client: Client, broker: dramatiq.Broker, settings
 ) -> None:
-    settings.METRICS_TOKEN = "test-token"
+    settings.JOBS_METRICS_TOKEN = "test-token"
     rechecks = PauseRechecks()
     broker.middleware.append(rechecks)
     before = scrape(client)

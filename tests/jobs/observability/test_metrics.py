@@ -58,7 +58,7 @@ def value(text: str, name: str, **labels: str) -> float:
 
 @pytest.fixture(autouse=True)
 def _token(settings) -> None:
-    settings.METRICS_TOKEN = "test-token"
+    settings.JOBS_METRICS_TOKEN = "test-token"
 
 
 def test_metrics_count_success_retry_and_failure_with_duration_buckets(
@@ -176,13 +176,13 @@ def test_metrics_are_refused_without_the_token_outside_debug(client: Client, set
     settings.DEBUG = False
     assert client.get("/metrics").status_code == 403
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
-    settings.METRICS_ALLOWED_IPS = ["127.0.0.0/8"]
+    settings.JOBS_METRICS_ALLOWED_IPS = ["127.0.0.0/8"]
     assert client.get("/metrics").status_code == 200
 
 
 def test_metrics_are_open_on_loopback_in_debug(client: Client, settings) -> None:
     settings.DEBUG = True
-    settings.METRICS_TOKEN = ""
+    settings.JOBS_METRICS_TOKEN = ""
     assert client.get("/metrics").status_code == 200
     assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
 

@@ -66,7 +66,7 @@ def done_effect(job_id: str) -> EffectRecord:
 
 
 def test_a_running_job_whose_worker_died_is_requeued_not_left_a_ghost(settings) -> None:
-    settings.WATCHDOG_GRACE_S = 5
+    settings.JOBS_WATCHDOG_GRACE_S = 5
     ghost = running_job("ghost", pid=dead_pid(), minutes_ago=5)
     alive = running_job("alive", pid=subprocess.os.getpid(), minutes_ago=5)  # type: ignore[attr-defined]
     young = running_job("young", pid=dead_pid(), minutes_ago=0)
@@ -95,7 +95,7 @@ def test_a_lock_without_ttl_is_reported_with_its_holder() -> None:
 
 def test_it_reports_a_lock_held_past_the_threshold_however_often_it_was_renewed(settings) -> None:
     # A 1 s threshold instead of the shipped 15 minutes, so the test need not wait that long.
-    settings.WATCHDOG_LOCK_MAX_AGE_S = 1
+    settings.JOBS_WATCHDOG_LOCK_MAX_AGE_S = 1
     # Given a holder that keeps renewing a 1 s lock for longer than the threshold
     # (renewed every 333 ms: a stall shorter than 667 ms does not lose it)
     with redis_lock("report:slow", ttl=1) as lock:
@@ -134,7 +134,7 @@ def test_alert_mail_is_rate_limited_to_one_per_incident(caplog) -> None:
 def test_a_queue_growing_with_no_completions_is_reported(settings) -> None:
     from accounts.tasks import send_welcome_email
 
-    settings.WATCHDOG_QUEUE_STALL_MINUTES = 3
+    settings.JOBS_WATCHDOG_QUEUE_STALL_MINUTES = 3
     findings = []
     for n in range(5):
         send_welcome_email.send(n)
@@ -165,7 +165,7 @@ def test_the_schedules_page_and_run_now_are_for_staff_with_permission(client: Cl
 def test_a_ghost_whose_message_was_acked_and_effect_done_is_recorded_as_succeeded(
     settings,
 ) -> None:
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     ghost = running_job("finished-ghost", pid=dead_pid(), minutes_ago=1)
     Job.objects.filter(pk=ghost.pk).update(redis_message_id="not-in-redis-any-more")
     done_effect("finished-ghost")
@@ -180,7 +180,7 @@ def test_a_ghost_whose_message_was_acked_and_effect_done_is_recorded_as_succeede
 def test_a_ghost_whose_message_was_acked_without_evidence_is_not_guessed_succeeded(
     settings,
 ) -> None:
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     ghost = running_job("unknown-ghost", pid=dead_pid(), minutes_ago=1)
     Job.objects.filter(pk=ghost.pk).update(redis_message_id="not-in-redis-any-more")
 
@@ -196,7 +196,7 @@ def test_an_enqueued_row_whose_message_redis_no_longer_holds_is_reconciled(setti
     # one whose job's effect is done, one whose message still waits in Redis
     from jobs.broker import redis_broker
 
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     finished = waiting_job("enqueued-but-done", redis_message_id="acked-and-gone")
     done_effect("enqueued-but-done")
     redis_broker().client.hset("dramatiq:emails.msgs", "still-waiting", b"{}")
@@ -216,7 +216,7 @@ def test_a_running_job_on_another_host_is_left_alone_while_its_presence_key_live
     from jobs.broker import redis_broker, workers
 
     # Given two jobs running on another host, one of whose workers still beats
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     far = running_job("far-alive", pid=4242, minutes_ago=5)
     gone = running_job("far-gone", pid=4343, minutes_ago=5)
     Job.objects.filter(pk__in=[far.pk, gone.pk]).update(worker_host="elsewhere")
@@ -231,7 +231,7 @@ def test_a_running_job_on_another_host_is_left_alone_while_its_presence_key_live
 def test_a_ghost_whose_message_was_dead_lettered_is_recorded_as_failed(settings) -> None:
     from jobs.broker import redis_broker
 
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     ghost = running_job("dead-ghost", pid=dead_pid(), minutes_ago=1)
     Job.objects.filter(pk=ghost.pk).update(redis_message_id="rid-1")
     redis_broker().client.hset("dramatiq:emails.XQ.msgs", "rid-1", b"{}")

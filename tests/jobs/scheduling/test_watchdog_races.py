@@ -206,7 +206,7 @@ def test_it_leaves_a_job_waiting_in_a_paused_queue_alone(worker: dramatiq.Worker
 
 def test_a_job_that_truly_vanished_is_failed_and_can_be_retried(settings: Any) -> None:
     # Given a waiting job whose message Redis lost under any id
-    settings.WATCHDOG_GRACE_S = 0
+    settings.JOBS_WATCHDOG_GRACE_S = 0
     message = remind.send(4)
     redis_broker().client.delete(f"dramatiq:{QUEUE}", f"dramatiq:{QUEUE}.msgs")
 

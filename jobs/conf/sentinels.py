@@ -1,4 +1,4 @@
-"""Redis through Sentinel: ``REDIS_SENTINELS`` and ``REDIS_SENTINEL_MASTER``.
+"""Redis through Sentinel: parsing a list of Sentinels and a master name.
 
 When both are set, every Redis user (the Dramatiq broker, the cache, and
 through them the locks, rate limiters, dedup keys and the scheduler's tick
@@ -18,6 +18,8 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
+
+from jobs.conf.redis_urls import redacted_url
 
 # The name ends up as the host part of django-redis's LOCATION URL, which
 # urllib lowercases; other characters would not survive the URL either.
@@ -105,7 +107,7 @@ def cache_location(master: str, cache_url: str) -> str:
     parts = urlsplit(cache_url)
     if parts.scheme != "redis":
         raise ImproperlyConfigured(
-            f"REDIS_URL must be a redis:// URL with REDIS_SENTINELS, got {cache_url!r}"
+            f"the cache URL must be a redis:// URL with Sentinel, got {redacted_url(cache_url)!r}"
         )
     userinfo = parts.netloc.rpartition("@")[0]
     return urlunsplit(parts._replace(netloc=f"{userinfo}@{master}" if userinfo else master))

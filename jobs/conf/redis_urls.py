@@ -13,18 +13,35 @@ from django.core.exceptions import ImproperlyConfigured
 _SCHEMES = {"redis", "rediss", "unix"}
 
 
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``: safe for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_redis_url(name: str, url: str) -> None:
+    """Raise ``ImproperlyConfigured`` naming ``name`` unless ``url`` is a Redis URL."""
+    _db_of(name, url)
+
+
 def _db_of(name: str, url: str) -> int:
     parts = urlsplit(url)
     if parts.scheme not in _SCHEMES:
         raise ImproperlyConfigured(
-            f"{name} must start with redis://, rediss:// or unix://, got {url!r}"
+            f"{name} must start with redis://, rediss:// or unix://, got {redacted_url(url)!r}"
         )
     if parts.scheme == "unix":
         db = parse_qs(parts.query).get("db", ["0"])[0]
     else:
         db = parts.path.lstrip("/") or "0"
     if not db.isdigit():
-        raise ImproperlyConfigured(f"{name} has a database number that is not an integer: {url!r}")
+        raise ImproperlyConfigured(
+            f"{name} has a database number that is not an integer: {redacted_url(url)!r}"
+        )
     return int(db)
 
 

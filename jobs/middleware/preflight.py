@@ -1,0 +1,34 @@
+"""A worker process refuses to start on a database with unapplied migrations.
+
+Started anyway, it would run jobs whose ledger writes fail batch after batch (the
+admin shows no jobs) and log a traceback for each. One line says what to run.
+A database that cannot be reached is not a reason to refuse: the worker rides
+out outages, and the ledger keeps its events until the database is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import dramatiq
+from django.db import DatabaseError
+
+from jobs.conf.migrations import pending_migrations, refusal
+
+logger = logging.getLogger(__name__)
+
+# Dramatiq's exit code for a worker that could not load (dramatiq.cli.RET_IMPORT).
+EXIT_NOT_READY = 2
+
+
+class Preflight(dramatiq.Middleware):
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        try:
+            pending = pending_migrations()
+        except DatabaseError as exc:
+            logger.warning("Could not check for unapplied migrations (%s); starting anyway", exc)
+            return
+        if pending:
+            logger.critical(refusal(pending))
+            sys.exit(EXIT_NOT_READY)

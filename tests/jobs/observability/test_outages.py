@@ -1,0 +1,87 @@
+"""A Redis outage is told once per address and period, naming the settings, no traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from jobs.observability.outages import OutageFilter
+
+
+class Lines(logging.Handler):
+    def __init__(self, every_s: float) -> None:
+        super().__init__()
+        self.lines: list[logging.LogRecord] = []
+        self.addFilter(OutageFilter(every_s=every_s))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record)
+
+
+@pytest.fixture
+def closed_port_error(settings) -> redis.ConnectionError:
+    port = int(settings.DRAMATIQ_BROKER["OPTIONS"]["url"].split(":")[2].split("/")[0])
+    return redis.ConnectionError(f"Error 111 connecting to 127.0.0.1:{port}. Connection refused.")
+
+
+def log_failure(logger: logging.Logger, error: Exception) -> None:
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connection refused")
+        except OSError as low:
+            raise error from low
+    except redis.ConnectionError:
+        logger.exception("Worker heartbeat failed")
+
+
+def test_it_turns_a_flood_of_tracebacks_into_one_line(closed_port_error) -> None:
+    # Given 50 threads' worth of connection errors, each with its traceback
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.flood")
+    logger.addHandler(handler)
+    try:
+        for _ in range(50):
+            log_failure(logger, closed_port_error)
+        logger.warning("an unrelated warning")
+    finally:
+        logger.removeHandler(handler)
+    # Then one line names where Redis should be and which settings point there
+    [outage, unrelated] = handler.lines
+    text = outage.getMessage()
+    assert text.startswith("Redis at 127.0.0.1:")
+    assert "(DRAMATIQ_BROKER and CACHES['default']) is unreachable" in text
+    assert outage.exc_info is None
+    assert unrelated.getMessage() == "an unrelated warning"
+
+
+def test_it_says_again_once_a_period_how_many_it_left_out(closed_port_error) -> None:
+    handler = Lines(every_s=0.2)
+    logger = logging.getLogger("tests.outages.period")
+    logger.addHandler(handler)
+    try:
+        for _ in range(5):
+            log_failure(logger, closed_port_error)
+        import time
+
+        time.sleep(0.25)
+        log_failure(logger, closed_port_error)
+    finally:
+        logger.removeHandler(handler)
+    assert len(handler.lines) == 2
+    assert "still unreachable" in handler.lines[1].getMessage()
+    assert "4 more such line(s)" in handler.lines[1].getMessage()
+
+
+def test_dramatiqs_consumer_lines_join_the_report(closed_port_error) -> None:
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.consumer")
+    logger.addHandler(handler)
+    try:
+        for _ in range(3):
+            logger.critical("Consumer encountered a connection error: %s", closed_port_error)
+            logger.info("Restarting consumer in %0.2f seconds.", 3)
+    finally:
+        logger.removeHandler(handler)
+    assert len(handler.lines) == 1

@@ -1,0 +1,69 @@
+"""Commands in another shell find the private Redis of a running bin/dev."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from project.devservices import load_dev_services
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(var_dir: Path, pid: int) -> None:
+    (var_dir / "dev.env").write_text(f"REDIS_URL=redis://127.0.0.1:7777/0\nDEV_PID={pid}\n")
+
+
+def test_a_shell_beside_a_running_bin_dev_gets_its_redis(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    write(tmp_path, os.getpid())
+    load_dev_services(tmp_path)
+    assert os.environ["REDIS_URL"] == "redis://127.0.0.1:7777/0"
+
+
+def test_a_file_left_by_a_killed_bin_dev_is_ignored(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    write(tmp_path, gone.pid)
+    load_dev_services(tmp_path)
+    assert "REDIS_URL" not in os.environ
+
+
+def test_a_variable_set_by_the_person_wins(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://elsewhere:6379/0")
+    write(tmp_path, os.getpid())
+    load_dev_services(tmp_path)
+    assert os.environ["REDIS_URL"] == "redis://elsewhere:6379/0"
+
+
+@pytest.mark.parametrize("settings_module", ["tests.settings", "tests.worker_settings"])
+def test_the_tests_never_read_the_developers_file(settings_module: str) -> None:
+    # Given a developer's bin/dev running (its file in the checkout's var/)
+    var = ROOT / "var"
+    var.mkdir(exist_ok=True)
+    existing = (var / "dev.env").read_text() if (var / "dev.env").exists() else None
+    write(var, os.getpid())
+    try:
+        env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "VAR_DIR")}
+        env["DJANGO_SETTINGS_MODULE"] = settings_module
+        # When the test settings load with no REDIS_URL of their own
+        shown = subprocess.run(
+            [sys.executable, "-c", "from django.conf import settings; print(settings.REDIS_URL)"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        # Then they chose their own Redis, not the developer's
+        assert "7777" not in shown
+    finally:
+        if existing is None:
+            (var / "dev.env").unlink()
+        else:
+            (var / "dev.env").write_text(existing)
