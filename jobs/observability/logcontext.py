@@ -119,7 +119,8 @@ class JsonFormatter(logging.Formatter):
             "thread": record.threadName,
         }
         for key, value in vars(record).items():
-            if key not in _STANDARD and value is not None:
+            # "_" names are the platform's own bookkeeping (jobs.observability.outages)
+            if key not in _STANDARD and not key.startswith("_") and value is not None:
                 payload[key] = value
         if record.exc_text:  # already formatted (and redacted) by RedactFilter
             payload["exc_info"] = record.exc_text

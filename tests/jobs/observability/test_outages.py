@@ -85,3 +85,44 @@ def test_dramatiqs_consumer_lines_join_the_report(closed_port_error) -> None:
     finally:
         logger.removeHandler(handler)
     assert len(handler.lines) == 1
+
+
+# An extra alias only, never connected to: Django's warning about it does not apply.
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_a_database_that_refuses_connections_is_told_once_by_its_alias(settings) -> None:
+    from django.db import OperationalError
+
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "reports": {"ENGINE": "django.db.backends.postgresql", "HOST": "10.9.8.7", "PORT": 6543},
+    }
+    error = OperationalError(
+        'connection failed: connection to server at "10.9.8.7", port 6543 failed: '
+        "Connection refused\n\tIs the server running on that host and accepting TCP/IP "
+        "connections?"
+    )
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.database")
+    logger.addHandler(handler)
+    try:
+        for _ in range(10):
+            logger.warning("Job ledger intake: database unreachable, entries kept: %s", error)
+    finally:
+        logger.removeHandler(handler)
+    [line] = handler.lines
+    assert line.getMessage().startswith(
+        "Database at 10.9.8.7:6543 (DATABASES['reports']) is unreachable: Job ledger intake"
+    )
+    assert "\n" not in line.getMessage()
+
+
+def test_a_line_that_only_mentions_reconnecting_passes_untouched() -> None:
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.other")
+    logger.addHandler(handler)
+    try:
+        for _ in range(3):
+            logger.info("Reconnecting to 10.0.0.1:6379 after a failover")
+    finally:
+        logger.removeHandler(handler)
+    assert len(handler.lines) == 3
