@@ -39,7 +39,7 @@ _SECRET_NAME = re.compile(_SECRET_WORDS, re.IGNORECASE)
 # Values that look like a credential whatever their name: bearer tokens, JWTs,
 # URLs with a password in them.
 _SECRET_VALUE = re.compile(
-    r"^(bearer\s++\S++|eyJ[\w-]++\.[\w-]++\.[\w-]++|[a-z][\w+.-]*+://[^/\s:@]++:[^/\s@]++@.*)$",
+    r"^(bearer\s++\S++|eyJ[\w-]++\.[\w-]++\.[\w-]++|[a-z][\w+.-]*+://[^/\s:@]*+:[^/\s@]++@.*)$",
     re.IGNORECASE,
 )
 

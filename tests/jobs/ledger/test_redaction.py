@@ -104,3 +104,19 @@ def test_it_redacts_pathological_text_in_linear_time(kind: str) -> None:
     # Then it took no more CPU than the bound, and there was nothing to mask
     assert time.thread_time() - started < DOS_BOUND_S
     assert redacted == text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "redis://:hunter2@cache:6379/0",  # Redis's usual form: no user name
+        "postgres://app:hunter2@db/app",
+        "amqp://guest:hunter2@rabbit//",
+    ],
+)
+def test_it_masks_a_url_argument_that_carries_a_password(value: str) -> None:
+    assert redact({"target": value}) == {"target": "[redacted]"}
+
+
+def test_it_leaves_a_url_without_a_password_alone() -> None:
+    assert redact({"target": "redis://cache:6379/0"}) == {"target": "redis://cache:6379/0"}
