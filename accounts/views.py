@@ -143,11 +143,17 @@ def _unauthenticated() -> JsonResponse:
     return JsonResponse({"errors": {"auth": ["Log in first."]}}, status=401)
 
 
+def _may_view_users(request: HttpRequest) -> bool:
+    # Staff alone is not enough: an operator who may not view users in the admin
+    # must not read one (the superuser included) through an export.
+    return request.user.is_staff and request.user.has_perm("auth.view_user")
+
+
 @require_POST  # session-authenticated, so CSRF-protected like any form post
 def api_user_export(request: HttpRequest, user_id: int) -> JsonResponse:
     if not request.user.is_authenticated:
         return _unauthenticated()
-    if not (request.user.is_staff or request.user.pk == user_id):
+    if not (request.user.pk == user_id or _may_view_users(request)):
         return JsonResponse({"errors": {"user": ["You may only export yourself."]}}, status=403)
     if not get_user_model().objects.filter(pk=user_id).exists():
         return JsonResponse({"errors": {"user": [f"No user with id {user_id}."]}}, status=404)

@@ -6,7 +6,7 @@ from typing import Any
 
 import dramatiq
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobs.ledger import writer as ledger
@@ -85,14 +85,20 @@ def test_no_one_else_reads_the_result(broker: dramatiq.Broker, ada: User, bob: U
     assert Client().get(f"/api/tasks/{task_id}/").status_code == 401
 
 
-def test_only_staff_export_someone_else(ada: User, bob: User) -> None:
+def test_only_staff_who_may_view_users_export_someone_else(ada: User, bob: User) -> None:
     assert post_export(login(bob), ada.pk).status_code == 403
     assert post_export(login(bob), 10_000).status_code == 403
     assert Client().post(f"/api/users/{ada.pk}/export/").status_code == 401
 
+    # Staff without auth.view_user: not even the superuser's data
     bob.is_staff = True
     bob.save()
-    staff = login(bob)
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
+    assert post_export(login(bob), root.pk).status_code == 403
+    assert post_export(login(bob), ada.pk).status_code == 403
+
+    bob.user_permissions.add(Permission.objects.get(codename="view_user"))
+    staff = login(User.objects.get(pk=bob.pk))  # a fresh instance: permissions are cached
     assert post_export(staff, ada.pk).status_code == 202
     assert post_export(staff, 10_000).status_code == 404
 
@@ -104,7 +110,7 @@ def test_it_refuses_a_session_post_without_csrf_token(ada: User) -> None:
 
 
 def test_it_reports_the_error_of_a_failed_export(broker: dramatiq.Broker, bob: User) -> None:
-    root = User.objects.create_user("root", "root@example.com", "pw", is_staff=True)
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     client = login(root)
     task_id = post_export(client, bob.pk).json()["data"]["id"]
     bob_id = bob.pk
@@ -135,7 +141,7 @@ def test_the_requester_sees_the_result_of_an_operators_retry(
     broker: dramatiq.Broker, ada: User, bob: User
 ) -> None:
     # Given an export that failed for good (its user was gone when it ran)
-    root = User.objects.create_user("root", "root@example.com", "pw", is_staff=True)
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     client = login(root)
     task_id = post_export(client, bob.pk).json()["data"]["id"]
     bob_id = bob.pk
@@ -166,7 +172,7 @@ def test_the_requester_sees_the_result_of_an_operators_retry(
 
 
 def test_a_retry_that_fails_again_shows_its_error(broker: dramatiq.Broker, bob: User) -> None:
-    root = User.objects.create_user("root", "root@example.com", "pw", is_staff=True)
+    root = User.objects.create_superuser("root", "root@example.com", "pw")
     client = login(root)
     task_id = post_export(client, bob.pk).json()["data"]["id"]
     bob.delete()
