@@ -80,6 +80,9 @@ def _parse_json_object(request: HttpRequest) -> dict[str, Any] | JsonResponse:
         return _bad_request({"body": ["Request body is too large."]})
     except (ValueError, UnicodeDecodeError) as exc:
         return _bad_request({"body": [f"Malformed JSON: {exc}"]})
+    except RecursionError:
+        # json's C decoder recurses once per nesting level: 1,500 "[" in 3 KB is enough.
+        return _bad_request({"body": ["Malformed JSON: nested too deeply."]})
     if not isinstance(payload, dict):
         return _bad_request({"body": ["Expected a JSON object."]})
     return payload

@@ -87,6 +87,9 @@ def test_it_reports_duplicates_as_field_errors(client: Client) -> None:
         ("", "application/json"),
         ("username=a&email=b", "application/x-www-form-urlencoded"),
         (json.dumps(VALID), "text/plain"),
+        # nested past the recursion limit: RecursionError, not a ValueError
+        ("[" * 1500 + "]" * 1500, "application/json"),
+        ('{"a": ' * 1500 + "1" + "}" * 1500, "application/json"),
     ],
 )
 @pytest.mark.django_db
