@@ -68,6 +68,8 @@ if importlib.util.find_spec("django.tasks") is None:
 
 MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
+    # NUL in a path or query string: a 400 before PostgreSQL could make it a 500
+    "jobs.http.nul.RejectNulMiddleware",
     # a lost database connection (PostgreSQL restarting) is a 503, not a 500
     "jobs.observability.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",

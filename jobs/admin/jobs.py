@@ -11,7 +11,7 @@ from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
@@ -24,6 +24,7 @@ from jobs.admin.dashboard import dashboard_context
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.schedules import run_now, schedule_rows
 from jobs.broker import queues, redis_broker
+from jobs.http.nul import has_nul
 from jobs.ledger import intake, operations
 from jobs.ledger.references import (
     Reference,
@@ -211,6 +212,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     INTAKE_WAIT = 1.0
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if has_nul(request):  # a filter value PostgreSQL cannot compare: 400, not 500
+            return HttpResponseBadRequest("A NUL character is not allowed in a filter.")
         intake.catch_up(timeout=self.INTAKE_WAIT)
         return super().changelist_view(request, extra_context)
 

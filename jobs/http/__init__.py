@@ -1,0 +1,1 @@
+"""Request-level guards of the platform's web side (Django middleware, not Dramatiq's)."""
