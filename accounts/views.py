@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.forms import SignupForm, api_errors, api_form
@@ -33,6 +34,7 @@ def _too_many(response: HttpResponse, verdict: Verdict) -> HttpResponse:
     return response
 
 
+@sensitive_post_parameters("password1", "password2")  # kept out of error reports
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     # Not ``request.POST or None``: an empty POST must still be validated.

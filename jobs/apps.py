@@ -38,6 +38,7 @@ class JobsConfig(AppConfig):
             conf_checks.check_cache,
             conf_checks.check_values,
             conf_checks.check_names,
+            conf_checks.check_recipients,
             check_lock_ttls,
             check_references,
         ):

@@ -280,10 +280,25 @@ _EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
 _EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 _EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
 _EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+# An SMTP relay that wants a login: STARTTLS (usually port 587) or TLS from the
+# start (465), never both.
+_EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+_EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+_EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+_EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if _EMAIL_USE_TLS and _EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL exclude each other: set one")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Signup <noreply@localhost>")
 SERVER_EMAIL = DEFAULT_FROM_EMAIL
-# Site admins get the daily report and watchdog alerts: "Ada <ada@example.com>, ops@example.com"
-_ADMINS = env_list("DJANGO_ADMINS", ["Admin <admin@localhost>"])
+# Site admins get an email per server error (bounded: jobs.observability.errorreports):
+# "Ada <ada@example.com>, ops@example.com". None unless set.
+_ADMINS = env_list("DJANGO_ADMINS", [])
+# The daily report and watchdog alerts (the platform's JOBS_MAIL_RECIPIENTS); in
+# development they land in var/mail/ like every mail.
+JOBS_MAIL_RECIPIENTS = env_list(
+    "JOBS_MAIL_RECIPIENTS",
+    [parseaddr(item)[1] for item in _ADMINS] or (["admin@localhost"] if DEBUG else []),
+)
 if django.VERSION >= (6, 1):
     # Django 6.1 replaces the EMAIL_* settings with MAILERS (and refuses both at
     # once), and takes ADMINS as address strings. The environment stays the same.
@@ -292,6 +307,10 @@ if django.VERSION >= (6, 1):
             "host": _EMAIL_HOST,
             "port": _EMAIL_PORT,
             "timeout": _EMAIL_TIMEOUT,
+            "username": _EMAIL_HOST_USER,
+            "password": _EMAIL_HOST_PASSWORD,
+            "use_tls": _EMAIL_USE_TLS,
+            "use_ssl": _EMAIL_USE_SSL,
         }
     elif _EMAIL_BACKEND.endswith(".filebased.EmailBackend"):
         _mailer_options = {"file_path": _EMAIL_FILE_PATH}
@@ -305,6 +324,10 @@ else:
     EMAIL_HOST = _EMAIL_HOST
     EMAIL_PORT = _EMAIL_PORT
     EMAIL_TIMEOUT = _EMAIL_TIMEOUT
+    EMAIL_HOST_USER = _EMAIL_HOST_USER
+    EMAIL_HOST_PASSWORD = _EMAIL_HOST_PASSWORD
+    EMAIL_USE_TLS = _EMAIL_USE_TLS
+    EMAIL_USE_SSL = _EMAIL_USE_SSL
     ADMINS = [parseaddr(item) for item in _ADMINS]
 SITE_URL = env_str("SITE_URL", "http://127.0.0.1:8000")
 # Links in the platform's daily report and alert mails.
@@ -385,6 +408,7 @@ LOGGING = {
         "context": {"()": "jobs.observability.logcontext.ContextFilter"},
         # Every handler: Dramatiq logs messages with their arguments (passwords too).
         "redact": {"()": "jobs.observability.logredaction.RedactFilter"},
+        "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"},
     },
     "formatters": {
         "plain": {
@@ -399,8 +423,25 @@ LOGGING = {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
             "filters": ["redact", "context"],
-        }
+        },
+        # Server errors by mail to ADMINS (none unless set), with DEBUG off:
+        # credentials masked, one email per kind of error per 10 minutes.
+        "mail_admins": {
+            "class": "jobs.observability.errorreports.ThrottledAdminEmailHandler",
+            "level": "ERROR",
+            "filters": ["require_debug_false", "redact"],
+        },
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Replaces Django's default handlers of this logger (console and an
+        # unbounded mail_admins); records still reach the root's console.
+        "django": {"handlers": ["mail_admins"], "level": "INFO"},
+        # A bad Host header is a scanner's, not a bug: logged, never mailed.
+        "django.security.DisallowedHost": {"handlers": ["console"], "propagate": False},
+    },
 }
+# Error reports (the debug page, error emails) mask credentials inside values too:
+# a password in REDIS_URL or DATABASE_URL has an innocent setting name.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "jobs.observability.errorreports.SecretsReporterFilter"

@@ -70,10 +70,19 @@ def test_production_refuses_the_insecure_dev_secret_key() -> None:
 
 def test_production_settings_pass_the_deploy_check() -> None:
     secret = "k" * 60 + "-production-like-secret-value"
+    production = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secret}
     result = manage(
-        "check", "--deploy", "--fail-level", "WARNING", DJANGO_DEBUG="0", DJANGO_SECRET_KEY=secret
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        **production,
+        JOBS_MAIL_RECIPIENTS="ops@example.com",
     )
     assert result.returncode == 0, result.stderr + result.stdout
+    # With no one named (ADMINS is empty unless set), the report would mail no one
+    result = manage("check", "--deploy", **production)
+    assert "(jobs.W004) daily_report and watchdog will run but mail no one" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["REDIS_SENTINELS", "REDIS_SENTINEL_MASTER"])

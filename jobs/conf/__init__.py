@@ -65,6 +65,7 @@ class JobsSettings:
     JOBS_WATCHDOG_MAIL_EVERY_MINUTES: int
     JOBS_METRICS_TOKEN: str
     JOBS_METRICS_ALLOWED_IPS: tuple[str, ...] | list[str]
+    JOBS_MAIL_RECIPIENTS: tuple[str, ...] | list[str]
     JOBS_SITE_URL: str
     JOBS_SCHEDULER_SPEED: float
     JOBS_SCHEDULER_EPOCH: float

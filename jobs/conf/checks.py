@@ -9,6 +9,7 @@ that forgot something sees one list of errors, not one traceback per restart.
 - ``jobs.E005``: a ``JOBS_*`` setting has a value of the wrong type, range or syntax.
 - ``jobs.W002``: a setting whose name is close to a ``JOBS_*`` setting (a typo).
 - ``jobs.W003``: the platform's migrations are not all applied (``--database``).
+- ``jobs.W004``: the daily report or the watchdog is scheduled but no one gets its mail.
 """
 
 from __future__ import annotations
@@ -172,3 +173,20 @@ def cron_problem(spec: str) -> str | None:
             if any(not low <= n <= high for n in numbers) or (step is not None and int(step) < 1):
                 return f"has a {what} out of range {low}-{high}: {field!r} in {spec!r}"
     return None
+
+
+def check_recipients(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from jobs.conf import jobs_settings
+
+    mailing = {"daily_report", "watchdog"} & set(jobs_settings.JOBS_PERIODIC)
+    if mailing and not jobs_settings.JOBS_MAIL_RECIPIENTS:
+        return [
+            Warning(
+                f"{' and '.join(sorted(mailing))} will run but mail no one: "
+                "JOBS_MAIL_RECIPIENTS and ADMINS are empty.",
+                hint="Set JOBS_MAIL_RECIPIENTS = ['ops@example.com'], or leave the jobs "
+                "out of JOBS_PERIODIC.",
+                id="jobs.W004",
+            )
+        ]
+    return []

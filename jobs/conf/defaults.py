@@ -36,6 +36,15 @@ def _schedule_tz(settings: Any) -> str:
     return str(getattr(settings, "TIME_ZONE", None) or "UTC")
 
 
+def _admin_addresses(settings: Any) -> list[str]:
+    # ADMINS holds (name, address) pairs before Django 6.0 and may hold plain
+    # addresses since.
+    return [
+        item[1] if isinstance(item, (tuple, list)) else str(item)
+        for item in getattr(settings, "ADMINS", [])
+    ]
+
+
 def _wait_replicas(settings: Any) -> int:
     # Under Sentinel a replica exists by design, and a failover must not lose a
     # message the outbox marked sent.
@@ -160,6 +169,12 @@ DEFAULTS: dict[str, Knob] = {
     "JOBS_METRICS_TOKEN": Knob("", str, "Bearer token that may read ``/metrics`` (empty: none)."),
     "JOBS_METRICS_ALLOWED_IPS": Knob(
         (), (tuple, list), "Addresses or networks that may read ``/metrics`` without a token."
+    ),
+    "JOBS_MAIL_RECIPIENTS": Knob(
+        _admin_addresses,
+        (tuple, list),
+        "Addresses that get the daily report and watchdog alerts. Default: the "
+        "addresses of ``ADMINS``.",
     ),
     "JOBS_SITE_URL": Knob(
         "", str, "Absolute URL of the site, for links in the daily report and alert mails."

@@ -14,7 +14,6 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.core.mail import mail_admins
 from django.db import IntegrityError
 from django.db.models import Count, Q
 from django.template.loader import render_to_string
@@ -26,6 +25,7 @@ from jobs.consistency.idempotency import run_once
 from jobs.consistency.locks import redis_lock
 from jobs.ledger.figures import actor_figures
 from jobs.models import DailyReport, Job, JobAttempt
+from jobs.scheduling.operators import mail_operators
 
 logger = logging.getLogger(__name__)
 
@@ -128,15 +128,17 @@ def report_generate(day: date) -> DailyReport:
 
 
 def report_send(report: DailyReport) -> bool:
-    """Mail the report to the site admins once; True if it was sent now."""
+    """Mail the report to ``JOBS_MAIL_RECIPIENTS`` once; True if it was sent now."""
 
     def send() -> None:
-        mail_admins(
-            f"Daily report {report.date.isoformat()}",
-            report.text,
-            html_message=report.html,
-        )
+        mail_operators(f"Daily report {report.date.isoformat()}", report.text, html=report.html)
 
+    if not jobs_settings.JOBS_MAIL_RECIPIENTS:
+        # Not claimed: once someone is named, a run of the report mails it.
+        logger.warning(
+            "Daily report for %s not mailed: JOBS_MAIL_RECIPIENTS is empty", report.date.isoformat()
+        )
+        return False
     sent = run_once(f"daily-report-mail:{report.date.isoformat()}", send)
     if sent:
         DailyReport.objects.filter(pk=report.pk).update(emailed_at=timezone.now())

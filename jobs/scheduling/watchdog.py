@@ -19,7 +19,6 @@ from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
-from django.core.mail import mail_admins
 from django.db.models import QuerySet
 from django.utils import timezone
 from django_redis import get_redis_connection
@@ -37,6 +36,7 @@ from jobs.ledger.writer import (
     with_phase,
 )
 from jobs.models import EffectRecord, Job
+from jobs.scheduling.operators import mail_operators
 
 logger = logging.getLogger(__name__)
 HOST = socket.gethostname()
@@ -361,14 +361,14 @@ def alert(findings: list[Finding]) -> int:
             continue
         lines = [f"- {f.subject}: {json.dumps(f.detail, default=str)}" for f in items]
         try:
-            mail_admins(
+            mail_operators(
                 f"Watchdog: {len(items)} {kind.replace('_', ' ')}",
                 "\n".join(lines) + f"\n\nNo further mail about this for {window // 60} minutes.",
             )
         except Exception:
             # An alert mail that cannot go out must not stop the watchdog; the
             # findings are logged and in the metrics all the same.
-            logger.warning("Watchdog: could not mail the admins about %s", kind, exc_info=True)
+            logger.warning("Watchdog: could not mail the operators about %s", kind, exc_info=True)
             continue
         sent += 1
     return sent
