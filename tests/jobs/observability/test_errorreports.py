@@ -35,7 +35,7 @@ def test_an_error_email_masks_passwords_in_urls_locals_and_meta(production) -> N
     response = client.get("/boom/", HTTP_X_UPSTREAM="https://user:meta-secret@proxy/")
     assert response.status_code == 500
     [email] = mail.outbox
-    body = email.body + "".join(str(a[0]) for a in email.alternatives)
+    body = email.body + "".join(str(a[0]) for a in getattr(email, "alternatives", []))
     assert "RuntimeError" in body
     for secret in ("redis-secret", "db-secret", "frame-secret", "meta-secret"):
         assert secret not in body, secret
