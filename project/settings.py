@@ -2,7 +2,7 @@
 
 Every variable has a local default that works out of the box (SQLite under
 ``var/``, Redis on localhost); a malformed value stops start-up with a message
-naming the variable. See README "Configuration".
+naming the variable. See docs/reference/configuration.md.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 BROKER_REDIS_URL, CACHE_REDIS_URL = split_redis_url("REDIS_URL", REDIS_URL)
 
 # With Sentinel, REDIS_URL's host is ignored: the primary is whichever server the
-# Sentinels name now (README "Running on several hosts").
+# Sentinels name now (docs/howto/several-hosts.md).
 REDIS_SENTINEL = sentinel_config(
     "REDIS_SENTINELS",
     env_str("REDIS_SENTINELS", ""),
@@ -257,7 +257,7 @@ DRAMATIQ_BROKER = dramatiq_broker(
 
 # Django's Tasks framework (@task functions) runs on the same workers as the
 # actors; results come from the job ledger. OPTIONS take Dramatiq's actor
-# options (unset: the JOBS_* defaults above). See README "Django tasks".
+# options (unset: the JOBS_* defaults above). See docs/howto/django-tasks.md.
 TASKS = {
     "default": {
         "BACKEND": "jobs.tasks_framework.backend.DramatiqBackend",

@@ -3,8 +3,10 @@
 Dramatiq's Redis consumer fetches up to its prefetch (twice the worker threads
 by default). Holding that many, it sleeps and looks again: 2.5-5 ms, then
 twice as long each time it finds no room, up to the worker timeout. Worker
-threads that finish short jobs meanwhile empty the work queue and wait (see
-README, "Performance": with no-op jobs, most of a drain).
+threads that finish short jobs meanwhile empty the work queue and wait: a
+sampler of ``sys._current_frames()`` every 2 ms in a 2x8 SQLite drain of no-op
+jobs found the consumer in that sleep in 85% of samples and the eight worker
+threads waiting on an empty work queue in 99-100% (commit c2e20c2).
 
 Here a full consumer waits on an event instead, bounded by the same backoff,
 and an ack (or nack) that leaves enough room sets it; when the wait ends the

@@ -201,7 +201,7 @@ class DramatiqBackend(BaseTaskBackend):
         messages: list[checks.CheckMessage] = [
             checks.Error(
                 problem,
-                hint="See the 'Django tasks' section of the README.",
+                hint="See docs/howto/django-tasks.md.",
                 obj=f"TASKS[{self.alias!r}]",
                 id="jobs.E101",
             )

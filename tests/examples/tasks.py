@@ -21,8 +21,8 @@ logger = logging.getLogger(__name__)
 
 # An example of a multi-step job: each step is checkpointed, so a retry resumes
 # after the last finished step; the final effect commits with its idempotency key
-# (once_atomic), so a redelivered message cannot apply it twice. See README
-# "Reliability"; the crash and outage tests drive it.
+# (once_atomic), so a redelivered message cannot apply it twice. See
+# docs/explanation/reliability.md; the crash and outage tests drive it.
 @dramatiq.actor(queue_name="default", max_retries=3, min_backoff=200)
 def demo_pipeline(key: str, steps: int = 5, step_ms: int = 0, fail_at_step: int = 0) -> None:
     message = CurrentMessage.get_current_message()

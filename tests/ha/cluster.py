@@ -4,7 +4,7 @@ Each server is a ``redis-server`` child process with its own free port and
 directory; the Sentinels are ``redis-server <conf> --sentinel`` (no Debian
 ``redis-sentinel`` package needed). Timings are short so a failover takes
 seconds in a test (see ``DOWN_AFTER_MS``); production keeps Sentinel's defaults
-or close to them (README "Running on several hosts").
+or close to them (docs/howto/several-hosts.md).
 """
 
 from __future__ import annotations
