@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from accounts import views
+from accounts import account_views, views
 
 app_name = "api"
 urlpatterns = [
@@ -10,4 +10,5 @@ urlpatterns = [
     path("users/<int:user_id>/", views.api_user_profile, name="user_profile"),
     path("users/<int:user_id>/export/", views.api_user_export, name="user_export"),
     path("tasks/<str:task_id>/", views.api_task_status, name="task_status"),
+    path("tasks/<str:task_id>/download/", account_views.task_download, name="task_download"),
 ]

@@ -1,9 +1,15 @@
-"""Signup rate limit per client IP and per email, in Redis (``SIGNUP_RATE_LIMIT``).
+"""Rate limits of signup and login, per client address (and email or user name), in Redis.
+
+``SIGNUP_RATE_LIMIT`` counts signups per client IP and per email. ``LOGIN_RATE_LIMIT``
+counts login attempts per (client IP, user name) pair, and per IP at five times
+that rate: keyed on the name alone, anyone could lock the superuser out (the name
+is public), and keyed on the pair alone, one address could try a password on
+every name.
 
 A fixed window per key: INCR and EXPIRE in one round trip. Every web process
 shares the count through Redis, so the limit holds across gunicorn workers. If
-Redis is unreachable the limit fails open (logged): losing signups to protect
-against abuse would be the worse trade.
+Redis is unreachable the limit fails open (logged): losing signups and logins to
+protect against abuse would be the worse trade (docs/explanation/security.md).
 """
 
 from __future__ import annotations
@@ -17,7 +23,11 @@ from django.conf import settings
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
+from project.env import Rate
+
 logger = logging.getLogger(__name__)
+# A login budget per address, as a multiple of the per-pair one.
+LOGIN_IP_FACTOR = 5
 
 
 @dataclass(frozen=True)
@@ -26,34 +36,51 @@ class Verdict:
     retry_after: int = 0
 
 
-def _key(kind: str, value: str, window: int) -> str:
+def _key(scope: str, kind: str, value: str, window: int) -> str:
     # surrogatepass: the limiter runs before validation, so it sees hostile text
     # too (a JSON "\ud800" is a lone surrogate, which plain UTF-8 refuses); any
     # string must hash, and the form then rejects it with a field error.
     digest = hashlib.sha256(value.strip().lower().encode("utf-8", "surrogatepass")).hexdigest()
     digest = digest[:32]
-    return f"ratelimit:signup:{kind}:{digest}:{window}"
+    return f"ratelimit:{scope}:{kind}:{digest}:{window}"
 
 
-def signup_allowed(*, ip: str, email: str | None) -> Verdict:
-    """Count this attempt against the IP (and email) budgets; deny when one is spent."""
-    rate = settings.SIGNUP_RATE_LIMIT
+def _allowed(scope: str, rate: Rate | None, budgets: dict[str, tuple[str, int]]) -> Verdict:
+    """Count one attempt against each ``kind: (value, limit)``; deny when one is spent."""
     if rate is None:
         return Verdict(allowed=True)
     now = int(time.time())
     window = now // rate.seconds
-    keys = [_key("ip", ip, window)]
-    if email:
-        keys.append(_key("email", email, window))
+    kinds = list(budgets)
     try:
         pipe = get_redis_connection("default").pipeline(transaction=False)
-        for key in keys:
-            pipe.incr(key)
-            pipe.expire(key, rate.seconds + 1)
+        for kind in kinds:
+            pipe.incr(_key(scope, kind, budgets[kind][0], window))
+            pipe.expire(_key(scope, kind, budgets[kind][0], window), rate.seconds + 1)
         counts = pipe.execute()[::2]
     except RedisError as exc:
-        logger.warning("Signup rate limit unavailable, allowing: %s", exc)
+        logger.warning("%s rate limit unavailable, allowing: %s", scope.capitalize(), exc)
         return Verdict(allowed=True)
-    if max(counts) > rate.requests:
+    if any(count > budgets[kind][1] for kind, count in zip(kinds, counts, strict=True)):
         return Verdict(allowed=False, retry_after=(window + 1) * rate.seconds - now)
     return Verdict(allowed=True)
+
+
+def signup_allowed(*, ip: str, email: str | None) -> Verdict:
+    """Count this signup against the IP (and email) budgets; deny when one is spent."""
+    rate = settings.SIGNUP_RATE_LIMIT
+    budgets = {"ip": (ip, rate.requests if rate else 0)}
+    if email:
+        budgets["email"] = (email, rate.requests if rate else 0)
+    return _allowed("signup", rate, budgets)
+
+
+def login_allowed(*, ip: str, username: str) -> Verdict:
+    """Count this login attempt against the (IP, user name) and IP budgets."""
+    rate = settings.LOGIN_RATE_LIMIT
+    requests = rate.requests if rate else 0
+    return _allowed(
+        "login",
+        rate,
+        {"pair": (f"{ip}\x1f{username}", requests), "ip": (ip, requests * LOGIN_IP_FACTOR)},
+    )

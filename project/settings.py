@@ -346,7 +346,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-LOGIN_URL = "admin:login"
+# Signed-up users log in on their own page; staff use the admin's (both rate limited).
+LOGIN_URL = "accounts:login"
+LOGIN_REDIRECT_URL = "accounts:account"
+LOGOUT_REDIRECT_URL = "accounts:login"
+# Login attempts per (client IP, user name), and five times that per IP; "off" disables.
+LOGIN_RATE_LIMIT = env_rate("LOGIN_RATE_LIMIT", "10/m")
 
 # --- I18n, static ------------------------------------------------------------
 
