@@ -8,6 +8,35 @@ from typing import Any
 bind = os.environ.get("GUNICORN_BIND", "0.0.0.0:8000")
 workers = int(os.environ.get("GUNICORN_WORKERS", "2"))
 accesslog = "-"
+# One request a line, as JSON when the app logs JSON (LOG_FORMAT, default json with
+# DEBUG off): the access line goes through the app's own formatter, so a
+# user agent with quotes in it cannot break the line.
+access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss "%(a)s"'
+_debug = os.environ.get("DJANGO_DEBUG", "1").strip().lower() in {"1", "true", "yes", "on"}
+if os.environ.get("LOG_FORMAT", "plain" if _debug else "json") == "json":
+    logconfig_dict = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "jobs.observability.logcontext.JsonFormatter"}},
+        "handlers": {
+            "access": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stdout",
+            },
+            "error": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stderr",
+            },
+        },
+        # gunicorn merges this over its defaults key by key: "root" must name ours.
+        "root": {"handlers": ["error"], "level": "INFO"},
+        "loggers": {
+            "gunicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+            "gunicorn.error": {"handlers": ["error"], "level": "INFO", "propagate": False},
+        },
+    }
 
 
 def child_exit(server: Any, worker: Any) -> None:

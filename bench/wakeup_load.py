@@ -40,7 +40,8 @@ from jobs.broker.wakeup import WAKE_LIST_MAX, WakeupRedisBroker
 
 PREFETCH = 16  # the bench's workers: 8 threads, Dramatiq's default of twice that
 CHUNK = 320  # messages per timed chunk: 20 fetches
-ACK_BATCH = 150  # jobs per ledger transaction in the throughput runs (docs/explanation/performance.md)
+# jobs per ledger transaction in the throughput runs (docs/explanation/performance.md)
+ACK_BATCH = 150
 TARGET = 0.98
 
 # seconds for one chunk of (variant, n messages)

@@ -91,3 +91,61 @@ def test_the_worker_scales_without_fixed_names_or_host_ports() -> None:
     worker = compose()["services"]["worker"]
     assert "container_name" not in worker
     assert "ports" not in worker
+
+
+def test_the_observability_ports_listen_on_loopback_only() -> None:
+    services = compose()["services"]
+    for name in ("prometheus", "grafana"):
+        assert all(port.startswith("127.0.0.1:") for port in services[name]["ports"]), name
+    assert services["grafana"]["environment"]["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+
+
+def test_gunicorn_writes_its_access_log_as_json_lines(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "JOBS_"))},
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": "k" * 60 + "-production-like-secret-value",
+        "DJANGO_SECURE_SSL_REDIRECT": "0",
+        "VAR_DIR": str(tmp_path),
+    }
+    gunicorn = Path(sys.executable).with_name("gunicorn")
+    server = subprocess.Popen(
+        [str(gunicorn), "--bind", f"127.0.0.1:{port}", "--workers", "1", "project.wsgi"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/healthz", headers={"User-Agent": 'quote " agent'}
+            )
+            try:
+                urllib.request.urlopen(request, timeout=5)
+                break
+            except urllib.error.HTTPError:
+                break  # an answer (503 on an empty database) is all it takes
+            except OSError:
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        out, _ = server.communicate(timeout=30)
+    [line] = [json.loads(text) for text in out.splitlines() if text.strip()]
+    assert line["logger"] == "gunicorn.access"
+    assert '"GET /healthz HTTP/1.1"' in line["message"]
+    assert 'quote \\" agent' in line["message"] or 'quote " agent' in line["message"]

@@ -68,6 +68,54 @@ def test_production_refuses_the_insecure_dev_secret_key() -> None:
     assert "DJANGO_SECRET_KEY" in result.stderr
 
 
+@pytest.mark.parametrize("weak", ["x", "k" * 49, "ab" * 40])
+def test_production_refuses_a_weak_secret_key(weak: str) -> None:
+    result = start_django(DJANGO_DEBUG="0", DJANGO_SECRET_KEY=weak)
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY must be a strong secret" in result.stderr
+
+
+PRODUCTION_KEY = "k" * 60 + "-production-like-secret-value"
+
+
+def production_setting(expression: str, **env: str) -> str:
+    code = f"from django.conf import settings; print({expression})"
+    result = manage("shell", "-c", code, DJANGO_DEBUG="0", DJANGO_SECRET_KEY=PRODUCTION_KEY, **env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]  # after Django 5.2's "objects imported" line
+
+
+def test_x_forwarded_proto_is_trusted_only_when_said_so() -> None:
+    # gunicorn exposed directly: a client's X-Forwarded-Proto must not make it https
+    assert production_setting("settings.SECURE_PROXY_SSL_HEADER") == "None"
+    trusted = production_setting(
+        "settings.SECURE_PROXY_SSL_HEADER", DJANGO_TRUST_X_FORWARDED_PROTO="1"
+    )
+    assert trusted == "('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
+def test_whitenoise_serves_after_the_security_middleware_without_cors() -> None:
+    order = production_setting("settings.MIDDLEWARE").split(", ")
+    security = order.index("'django.middleware.security.SecurityMiddleware'")
+    assert order[security + 1] == "'whitenoise.middleware.WhiteNoiseMiddleware'"
+    assert production_setting("settings.WHITENOISE_ALLOW_ALL_ORIGINS") == "False"
+
+
+def test_plain_http_deploys_pass_the_deploy_check_having_said_so() -> None:
+    # docker-compose's default: no TLS, redirect off on purpose (W008 silenced)
+    result = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DJANGO_DEBUG="0",
+        DJANGO_SECRET_KEY=PRODUCTION_KEY,
+        DJANGO_SECURE_SSL_REDIRECT="0",
+        JOBS_MAIL_RECIPIENTS="ops@example.com",
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_production_settings_pass_the_deploy_check() -> None:
     secret = "k" * 60 + "-production-like-secret-value"
     production = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secret}
