@@ -9,14 +9,22 @@ from jobs.conf.broker import MIDDLEWARE
 
 # django_dramatiq builds the broker when its app is loaded, from DRAMATIQ_BROKER or
 # else a RabbitMQ broker (a crash without pika, a traceback before any check can
-# speak). Loaded before it ("jobs" first in INSTALLED_APPS, as the docs show), the
-# platform puts a stand-in there instead, and check jobs.E002 says what to set.
-BROKER_STAND_IN = not hasattr(settings, "DRAMATIQ_BROKER")
+# speak; a malformed value crashes inside django_dramatiq). Loaded before it
+# ("jobs" first in INSTALLED_APPS, as the docs show), the platform puts a
+# stand-in there instead, which refuses to send or consume, and check jobs.E002
+# says what to set.
+BROKER_SETTING: object = getattr(settings, "DRAMATIQ_BROKER", None)
+BROKER_STAND_IN = not (
+    isinstance(BROKER_SETTING, dict)
+    and isinstance(BROKER_SETTING.get("BROKER"), str)
+    and isinstance(BROKER_SETTING.get("OPTIONS", {}), dict)
+    and isinstance(BROKER_SETTING.get("MIDDLEWARE", []), (list, tuple))
+)
 if BROKER_STAND_IN:
     # With the platform's middleware, so its actors' options still declare.
     settings.DRAMATIQ_BROKER = {
-        "BROKER": "dramatiq.brokers.stub.StubBroker",
-        "MIDDLEWARE": MIDDLEWARE,
+        "BROKER": "jobs.broker.unconfigured.UnconfiguredBroker",
+        "MIDDLEWARE": list(MIDDLEWARE),
     }
 
 
@@ -44,6 +52,10 @@ class JobsConfig(AppConfig):
         ):
             checks.register(check, "jobs")
         checks.register(check_migrations, "jobs", checks.Tags.database)
+        if conf_checks.check_broker():
+            # Actors would not declare on a broker without the platform's
+            # middleware (a traceback per option); the checks say what is wrong.
+            return
         # Every process (web included) registers every app's actors, so the admin
         # can list them, retry them and show the periodic ones.
         autodiscover_modules("tasks")

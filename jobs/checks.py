@@ -18,11 +18,14 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import autodiscover_modules
 
 from jobs.conf import jobs_settings
+from jobs.conf.checks import check_broker
 from jobs.consistency.locks import lock_declarations
 from jobs.ledger.references import declaration_errors
 
 
 def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if check_broker():
+        return []  # actors cannot declare on that broker; jobs.E002/E003 say why
     # Actors exist once their modules are imported; the web process never
     # imports them otherwise.
     autodiscover_modules(*getattr(settings, "DRAMATIQ_AUTODISCOVER_MODULES", ("tasks",)))
@@ -49,4 +52,6 @@ def check_lock_ttls(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
 
 
 def check_references(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if check_broker():
+        return []
     return [Error(problem, id="jobs.E001") for problem in declaration_errors()]

@@ -12,6 +12,7 @@ from django.utils import timezone
 from periodiq import cron
 
 from jobs.conf import jobs_settings
+from jobs.conf.checks import cron_problem
 from jobs.ledger.retention import prune
 from jobs.scheduling.reports import report_generate, report_send
 from jobs.scheduling.scheduler import current_tick
@@ -20,18 +21,31 @@ from jobs.scheduling.watchdog import run_watchdog
 logger = logging.getLogger(__name__)
 
 
-def _when(name: str, cron_spec: str) -> dict[str, Any]:
+def _when(name: str, cron_spec: object) -> dict[str, Any]:
     """``periodic=`` for a platform job that ``JOBS_PERIODIC`` lists; otherwise the
-    actor still exists (``runreport``, the admin's "run now") but is not scheduled."""
-    if name not in jobs_settings.JOBS_PERIODIC:
+    actor still exists (``runreport``, the admin's "run now") but is not scheduled.
+
+    A value that is wrong is not scheduled either: it must not crash start-up
+    before check jobs.E005 can name it.
+    """
+    periodic = jobs_settings.JOBS_PERIODIC
+    if not isinstance(periodic, (list, tuple)) or name not in periodic:
         return {}
-    return {"periodic": cron(cron_spec)}
+    if cron_problem(cron_spec) is not None:
+        return {}
+    return {"periodic": cron(str(cron_spec))}
+
+
+def _catch_up() -> timedelta:
+    hours = jobs_settings.JOBS_REPORT_CATCH_UP_HOURS
+    valid = isinstance(hours, int) and not isinstance(hours, bool) and hours >= 0
+    return timedelta(hours=hours if valid else 0)  # else check jobs.E005 names it
 
 
 # JOBS_REPORT_CRON, by default "0 6 * * *": at 06:00 every day, for the day before.
 @dramatiq.actor(
     queue_name="periodic",
-    catch_up=timedelta(hours=jobs_settings.JOBS_REPORT_CATCH_UP_HOURS),
+    catch_up=_catch_up(),
     time_limit=10 * 60_000,
     **_when("daily_report", jobs_settings.JOBS_REPORT_CRON),
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jobs.conf.redis_urls import check_redis_url, with_options
+from jobs.conf.redis_urls import check_redis_url, with_db, with_options
 from jobs.conf.sentinels import cache_location, parse_master, parse_sentinels
 
 # Dramatiq runs before_* hooks in this order and after_* hooks in reverse.
@@ -68,6 +68,7 @@ def _sentinels(
 def dramatiq_broker(
     url: str,
     *,
+    db: int | None = None,
     sentinels: str | Sequence[tuple[str, int]] | None = None,
     sentinel_master: str | None = None,
     heartbeat_timeout_ms: int = 15_000,
@@ -76,13 +77,16 @@ def dramatiq_broker(
 ) -> dict[str, Any]:
     """``DRAMATIQ_BROKER`` for the platform's Redis broker with all its middleware.
 
-    ``url`` is the broker's Redis (``redis://``, ``rediss://`` or ``unix://``).
+    ``url`` is the broker's Redis (``redis://``, ``rediss://`` or ``unix://``);
+    ``db`` replaces its database number (one ``REDIS_URL`` for broker and cache).
     With ``sentinels`` (``"host:port,host:port"``) and ``sentinel_master`` the
     primary is found through Sentinel; the URL still gives password and db.
     A worker silent for ``heartbeat_timeout_ms`` is presumed dead and its jobs
     redelivered. ``extra_middleware`` runs after the platform's, before the actor.
     """
     check_redis_url("dramatiq_broker(url)", url)
+    if db is not None:
+        url = with_db(url, db)
     sentinel = _sentinels(sentinels, sentinel_master)
     return {
         "BROKER": "jobs.broker.wakeup.WakeupRedisBroker",
@@ -100,17 +104,21 @@ def dramatiq_broker(
 def redis_cache(
     url: str,
     *,
+    db: int | None = None,
     sentinels: str | Sequence[tuple[str, int]] | None = None,
     sentinel_master: str | None = None,
     key_prefix: str = "",
 ) -> dict[str, Any]:
     """A ``CACHES`` entry for django-redis that the platform can lock and count with.
 
-    Use a database number other than the broker's, so flushing the cache never
-    drops queued jobs. Under Sentinel every read goes to the primary (a lagging
-    replica would serve a value just invalidated after a commit).
+    Use a database number other than the broker's (``db``, or the URL's), so
+    flushing the cache never drops queued jobs. Under Sentinel every read goes to
+    the primary (a lagging replica would serve a value just invalidated after a
+    commit).
     """
     check_redis_url("redis_cache(url)", url)
+    if db is not None:
+        url = with_db(url, db)
     cache: dict[str, Any] = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": url,

@@ -168,7 +168,10 @@ DEFAULTS: dict[str, Knob] = {
     # --- Observability -------------------------------------------------------
     "JOBS_METRICS_TOKEN": Knob("", str, "Bearer token that may read ``/metrics`` (empty: none)."),
     "JOBS_METRICS_ALLOWED_IPS": Knob(
-        (), (tuple, list), "Addresses or networks that may read ``/metrics`` without a token."
+        (),
+        (tuple, list),
+        "Addresses or networks that may read ``/metrics`` without a token.",
+        parse="networks",
     ),
     "JOBS_MAIL_RECIPIENTS": Knob(
         _admin_addresses,

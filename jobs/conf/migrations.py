@@ -1,4 +1,5 @@
-"""Unapplied migrations: a worker, the scheduler and ``/healthz`` refuse to pretend.
+"""Unapplied migrations (of any app): a worker, the scheduler and ``/healthz`` refuse
+to pretend.
 
 Without this, a worker on a database whose migrations are pending runs jobs
 whose ledger writes fail one batch at a time (the admin shows no jobs), and
@@ -11,7 +12,7 @@ import sys
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 _applied: set[str] = set()
@@ -49,7 +50,16 @@ def check_migrations(app_configs: Any = None, **kwargs: Any) -> list[CheckMessag
         return []
     warnings: list[CheckMessage] = []
     for alias in kwargs.get("databases") or []:
-        pending = pending_migrations(alias)
+        try:
+            pending = pending_migrations(alias)
+        except DatabaseError as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            warnings.append(
+                Warning(
+                    f"Could not check for unapplied migrations: {first}", obj=alias, id="jobs.W003"
+                )
+            )
+            continue
         if pending:
             warnings.append(Warning(refusal(pending), obj=alias, id="jobs.W003"))
     return warnings

@@ -1,4 +1,5 @@
-"""A worker process refuses to start on a database with unapplied migrations.
+"""A worker process refuses to start on a database with unapplied migrations, or
+without a broker (``DRAMATIQ_BROKER`` missing and the checks skipped).
 
 Started anyway, it would run jobs whose ledger writes fail batch after batch (the
 admin shows no jobs) and log a traceback for each. One line says what to run.
@@ -14,6 +15,7 @@ import sys
 import dramatiq
 from django.db import DatabaseError
 
+from jobs.broker.unconfigured import REFUSAL, UnconfiguredBroker
 from jobs.conf.migrations import pending_migrations, refusal
 
 logger = logging.getLogger(__name__)
@@ -24,6 +26,9 @@ EXIT_NOT_READY = 2
 
 class Preflight(dramatiq.Middleware):
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        if isinstance(broker, UnconfiguredBroker):  # started with --skip-checks
+            logger.critical(REFUSAL)
+            sys.exit(EXIT_NOT_READY)
         try:
             pending = pending_migrations()
         except DatabaseError as exc:

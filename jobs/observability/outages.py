@@ -21,15 +21,20 @@ from urllib.parse import urlsplit
 
 EVERY_S = 30.0
 # (what, pattern of its address in an error's text): redis-py's and psycopg's words.
+# redis-py writes "Error 111 connecting to host:port."; a line of the application
+# that says "connecting to api.example.com:443" is not about Redis.
 _PLACES = (
-    ("Redis", re.compile(r"\bconnecting to ([^\s]+?):(\d+)\.?(?:\s|$)")),
-    ("Redis", re.compile(r"\bconnecting to unix socket: ([^\s]+?)\.?(?:\s|$)()")),
+    ("Redis", re.compile(r"\bError -?\d+ connecting to ([^\s]+?):(\d+)\.?(?:\s|$)")),
+    ("Redis", re.compile(r"\bError -?\d+ connecting to unix socket: ([^\s]+?)\.?(?:\s|$)()")),
     (
         "Database",
         re.compile(r'connection to server at "([^"]+)"(?: \([^)]*\))?, port (\d+) failed'),
     ),
     ("Database", re.compile(r'connection to server on socket "([^"]+)"()')),
 )
+# The server answered (a wrong database name, a refused login): not an outage,
+# and its traceback is what a person needs.
+_ANSWERED = re.compile(r"\bFATAL:")
 _VERDICT = "_jobs_outage_verdict"  # private: the JSON formatter skips "_" names
 # Dramatiq's consumer says it reconnects right after saying why: part of the same report.
 _FOLLOW_UPS = ("Restarting consumer in",)
@@ -110,11 +115,17 @@ class OutageFilter(logging.Filter):
         return verdict
 
     def _judge(self, record: logging.LogRecord) -> bool:
-        if record.getMessage().startswith(_FOLLOW_UPS):
+        try:
+            message = record.getMessage()
+            text = _error_text(record)
+        except Exception:
+            # A record that cannot be rendered is logging's to report ("--- Logging
+            # error ---"), never an exception in the code that logged it.
+            return True
+        if message.startswith(_FOLLOW_UPS):
             return not self._in_outage()
-        text = _error_text(record)
         place = _where(text)
-        if place is None:
+        if place is None or _ANSWERED.search(text):
             return True
         now = time.monotonic()
         with self._lock:
@@ -123,7 +134,9 @@ class OutageFilter(logging.Filter):
                 self._reported[place[1]] = (last, dropped + 1)
                 return False
             self._reported[place[1]] = (now, 0)
-        self._rewrite(record, place, text, dropped, fresh=not last)
+        # Nothing for twice the period: that outage ended, this one is new.
+        fresh = not last or (now - last > 2 * self.every_s and not dropped)
+        self._rewrite(record, place, text, dropped, fresh=fresh)
         return True
 
     def _in_outage(self) -> bool:

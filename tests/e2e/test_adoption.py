@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,21 +46,55 @@ def run(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -
     return done.stdout + done.stderr
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment holding the platform's wheel and its dependencies only."""
-    root = tmp_path_factory.mktemp("adoption")
+def built_wheel(into: Path) -> Path:
+    """The distribution's wheel, built from a copy of the tree's files.
+
+    A copy, not the checkout: setuptools reuses ``build/`` across builds, so a
+    module deleted from the tree would still ship from an old ``build/lib``.
+    Untracked files count (a new module not committed yet); ignored ones do not.
+    """
+    listed = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
+    source = into / "source"
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root), str(ROOT)],
-        cwd=root,
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(into), str(source)],
+        cwd=into,
         env=env,
     )
-    [wheel] = root.glob("django_consistent_jobs-*.whl")
-    run([sys.executable, "-m", "venv", str(root / "venv")], cwd=root, env=env)
-    extra = ["psycopg[binary]>=3.1,<4"] if connection.vendor == "postgresql" else []
-    run([str(root / "venv/bin/pip"), "install", "-q", str(wheel), *extra], cwd=root, env=env)
+    [wheel] = into.glob("django_consistent_jobs-*.whl")
+    return wheel
+
+
+def make_venv(root: Path, python: str, *requirements: str) -> Path:
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    run([python, "-m", "venv", str(root / "venv")], cwd=root, env=env)
+    run([str(root / "venv/bin/pip"), "install", "-q", *requirements], cwd=root, env=env)
     return root / "venv"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return built_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Path:
+    """A virtual environment holding the platform's wheel and its dependencies only."""
+    extra = ["psycopg[binary]>=3.1,<4"] if connection.vendor == "postgresql" else []
+    return make_venv(tmp_path_factory.mktemp("adoption"), sys.executable, str(wheel), *extra)
 
 
 @pytest.fixture
@@ -274,3 +309,34 @@ def test_a_worker_whose_redis_is_unreachable_says_so_once_naming_the_settings(
     assert "Traceback" not in said
     assert "hunter2" not in said
     assert len(said.splitlines()) < 30, said
+
+
+def _python_3_12_or_newer() -> str | None:
+    versions = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(versions.glob("3.1[2-9]*/bin/python3")) if versions.is_dir() else []
+    return str(found[0]) if found else shutil.which("python3.12")
+
+
+def test_django_5_2_on_a_newer_python_has_the_tasks_backport(
+    wheel: Path, project_env: dict[str, str], tmp_path: Path
+) -> None:
+    # Django 5.2 (the LTS) runs on Python 3.12+, where no marker on the Python
+    # version can tell that the django.tasks backport is needed.
+    python = _python_3_12_or_newer()
+    if python is None:
+        pytest.skip("no Python 3.12+ interpreter on this machine (pyenv or PATH)")
+    venv = make_venv(tmp_path, python, str(wheel), "Django>=5.2,<6")
+    env = {**project_env, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    site = start_project(venv, tmp_path, env)
+    settings_file = site / "newsite/settings.py"
+    settings_file.write_text(
+        settings_file.read_text() + "\n" + doc_block("adoption-settings").replace(', "shop"', "")
+    )
+    said = run([str(venv / "bin/python"), "manage.py", "check"], cwd=site, env=env)
+    assert "no issues" in said
+    version = run(
+        [str(venv / "bin/python"), "-c", "import django; print(django.VERSION[:2])"],
+        cwd=site,
+        env=env,
+    )
+    assert version.strip() == "(5, 2)"

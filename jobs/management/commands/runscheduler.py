@@ -5,6 +5,7 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 from django_dramatiq.management.commands.rundramatiq import Command as RunDramatiq
 
 from jobs.conf.migrations import pending_migrations, refusal
@@ -19,7 +20,12 @@ class Command(BaseCommand):
     )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        pending = pending_migrations()
+        try:
+            pending = pending_migrations()
+        except DatabaseError as exc:
+            # Like a worker: an outage is ridden out, not a reason to refuse.
+            self.stderr.write(f"Could not check for unapplied migrations ({exc}); starting anyway")
+            pending = []
         if pending:
             raise CommandError(refusal(pending))
         # Import every app's tasks modules, the way rundramatiq discovers them.

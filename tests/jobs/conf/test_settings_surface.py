@@ -68,11 +68,19 @@ def test_the_helpers_name_a_bad_url_without_its_password() -> None:
 
 
 def test_it_reports_a_missing_broker_setting(settings) -> None:
-    # Without DRAMATIQ_BROKER django_dramatiq would quietly use RabbitMQ.
+    # Without DRAMATIQ_BROKER django_dramatiq would quietly use RabbitMQ. (A
+    # process started without it: tests/e2e/test_adoption.py.)
     del settings.DRAMATIQ_BROKER
     [error] = check_broker()
     assert error.id == "jobs.E002"
+    assert "DRAMATIQ_BROKER is not set" in error.msg
     assert "dramatiq_broker(" in (error.hint or "")
+
+
+def test_it_reports_a_malformed_broker_setting(settings) -> None:
+    settings.DRAMATIQ_BROKER = "redis://127.0.0.1:6379/0"
+    [error] = check_broker()
+    assert "DRAMATIQ_BROKER is malformed ('redis://" in error.msg
 
 
 def test_it_reports_middleware_a_hand_written_list_forgot(settings) -> None:
@@ -114,6 +122,15 @@ def test_it_reports_a_cache_that_cannot_lock(settings) -> None:
         ("JOBS_WATCHDOG_CRON", "61 * * * *", "out of range"),
         ("JOBS_PRUNE_CRON", "a b c d e", "cannot read"),
         ("JOBS_PERIODIC", ["watchdog", "reports"], "'reports'"),
+        ("JOBS_PERIODIC", None, "must be tuple or list"),
+        ("JOBS_WATCHDOG_CRON", "*/0 * * * *", "step of 0"),
+        ("JOBS_WATCHDOG_CRON", "5-1 * * * *", "runs backwards"),
+        ("JOBS_WATCHDOG_CRON", "", "5 fields"),
+        ("JOBS_WATCHDOG_CRON", 5, "must be str"),
+        ("JOBS_REPORT_CRON", "@sometimes", "not a name periodiq knows"),
+        ("JOBS_REPORT_CATCH_UP_HOURS", "12", "must be int"),
+        ("JOBS_METRICS_ALLOWED_IPS", ["10.0.0.0/33"], "not an address or network"),
+        ("JOBS_CACHE", ["default"], "must be str"),
     ],
 )
 def test_it_names_a_setting_with_a_wrong_value(settings, name, value, complaint) -> None:
@@ -132,7 +149,9 @@ def test_it_suggests_the_setting_a_typo_meant(settings) -> None:
     assert warning.hint == "Did you mean JOBS_MAX_RETRIES?"
 
 
-@pytest.mark.parametrize("spec", ["* * * * *", "0 6 * * *", "*/15 0-6,22-23 1 1-12/2 0,7"])
+@pytest.mark.parametrize(
+    "spec", ["* * * * *", "0 6 * * *", "*/15 0-6,22-23 1 1-12/2 0,7", "@daily", "0 9 * * MON-fri"]
+)
 def test_it_accepts_cron_expressions_periodiq_runs(spec: str) -> None:
     assert cron_problem(spec) is None
 
@@ -144,3 +163,67 @@ def test_the_settings_reference_documents_every_setting() -> None:
 
     page = (Path(__file__).resolve().parents[3] / "docs/reference/settings.md").read_text()
     assert reference_table() in page, "run python -m jobs.conf.reference into the page"
+
+
+def test_a_list_value_for_the_cache_alias_does_not_crash_the_cache_check(settings) -> None:
+    settings.JOBS_CACHE = ["default"]
+    assert check_cache() == []  # check_values names it (above)
+
+
+def test_it_reports_a_sharded_cache_that_cannot_lock(settings) -> None:
+    cache = redis_cache("redis://127.0.0.1:6379/1")
+    cache["OPTIONS"]["CLIENT_CLASS"] = "django_redis.client.ShardClient"
+    settings.CACHES = {**settings.CACHES, "default": cache}
+    [error] = check_cache()
+    assert error.id == "jobs.E004"
+    assert "ShardClient" in error.msg
+
+
+def test_it_accepts_a_subclass_of_the_platforms_broker(settings) -> None:
+    broker = dramatiq_broker("redis://127.0.0.1:6379/0")
+    broker["BROKER"] = "tests.jobs.conf.custom_broker.CustomBroker"
+    settings.DRAMATIQ_BROKER = broker
+    assert check_broker() == []
+
+
+def test_it_reports_dramatiqs_own_retries_beside_the_platforms(settings) -> None:
+    broker = dramatiq_broker("redis://127.0.0.1:6379/0")
+    broker["MIDDLEWARE"].append("dramatiq.middleware.Retries")
+    settings.DRAMATIQ_BROKER = broker
+    [error] = check_broker()
+    assert error.id == "jobs.E003"
+    assert "dramatiq.middleware.Retries" in error.msg
+
+
+def test_it_reports_the_platforms_middleware_out_of_order(settings) -> None:
+    broker = dramatiq_broker("redis://127.0.0.1:6379/0")
+    broker["MIDDLEWARE"].reverse()
+    settings.DRAMATIQ_BROKER = broker
+    [error] = check_broker()
+    assert "out of order" in error.msg
+
+
+def test_it_names_the_settings_that_were_renamed(settings) -> None:
+    settings.WATCHDOG_CRON = "* * * * *"
+    settings.JOB_MAX_RETRIES = 3
+    hints = sorted(w.hint for w in check_names())
+    assert hints == ["Did you mean JOBS_MAX_RETRIES?", "Did you mean JOBS_WATCHDOG_CRON?"]
+
+
+def test_the_helpers_take_one_url_and_a_database_number() -> None:
+    url = "redis://:pw@10.0.0.1:6379/0?health_check_interval=30"
+    broker = dramatiq_broker(url, db=0)["OPTIONS"]["url"]
+    cache = redis_cache(url, db=1)["LOCATION"]
+    assert broker.startswith("redis://:pw@10.0.0.1:6379/0?health_check_interval=30")
+    assert cache == "redis://:pw@10.0.0.1:6379/1?health_check_interval=30"
+
+
+def test_the_stand_in_broker_refuses_to_lose_a_message() -> None:
+    import dramatiq
+
+    from jobs.broker.unconfigured import UnconfiguredBroker
+
+    broker = UnconfiguredBroker(middleware=[])
+    message = dramatiq.Message(queue_name="default", actor_name="x", args=(), kwargs={}, options={})
+    with pytest.raises(ImproperlyConfigured, match="DRAMATIQ_BROKER is not set"):
+        broker.enqueue(message)

@@ -126,3 +126,71 @@ def test_a_line_that_only_mentions_reconnecting_passes_untouched() -> None:
     finally:
         logger.removeHandler(handler)
     assert len(handler.lines) == 3
+
+
+def test_the_applications_own_connecting_lines_pass_untouched() -> None:
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.payments")
+    logger.addHandler(handler)
+    try:
+        for order in range(3):
+            logger.info("connecting to api.stripe.com:443 for order %s", order)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in handler.lines] == [
+        f"connecting to api.stripe.com:443 for order {n}" for n in range(3)
+    ]
+    assert all(r.levelname == "INFO" for r in handler.lines)
+
+
+def test_a_database_that_answers_with_an_error_keeps_its_traceback() -> None:
+    from django.db import OperationalError
+
+    error = OperationalError(
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
+        'FATAL:  database "no_such_db" does not exist'
+    )
+    handler = Lines(every_s=60)
+    logger = logging.getLogger("tests.outages.fatal")
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):
+            try:
+                raise error
+            except OperationalError:
+                logger.exception("query failed")
+    finally:
+        logger.removeHandler(handler)
+    assert len(handler.lines) == 2
+    assert all(r.exc_info is not None for r in handler.lines)
+
+
+def test_a_record_that_cannot_be_rendered_passes_without_raising() -> None:
+    # logging reports a bad format itself ("--- Logging error ---"); the filter
+    # must not turn it into an exception in the code that logged.
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%d items", ("abc",), None)
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    failing = logging.LogRecord(
+        "x", logging.ERROR, __file__, 1, "boom", (), (Unprintable, Unprintable(), None)
+    )
+    assert OutageFilter().filter(record) is True
+    assert OutageFilter().filter(failing) is True
+
+
+def test_an_outage_after_a_quiet_spell_is_told_as_new(closed_port_error) -> None:
+    import time
+
+    handler = Lines(every_s=0.1)
+    logger = logging.getLogger("tests.outages.again")
+    logger.addHandler(handler)
+    try:
+        log_failure(logger, closed_port_error)
+        time.sleep(0.25)
+        log_failure(logger, closed_port_error)
+    finally:
+        logger.removeHandler(handler)
+    assert [" is unreachable" in r.getMessage() for r in handler.lines] == [True, True]
