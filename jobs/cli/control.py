@@ -1,0 +1,58 @@
+"""``jobs pause`` and ``jobs resume``: the admin dashboard's queue buttons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import CommandError
+
+from jobs.broker import queues
+from jobs.cli import EXIT_USAGE
+from jobs.conf import jobs_settings
+
+PAUSE, RESUME = "pause", "resume"
+
+
+def change_queues(verb: str, names: list[str]) -> dict[str, Any]:
+    """Pause or resume ``names``; an unknown name is a usage error naming the known ones.
+
+    Known are the queues this process's actors declare, and for ``resume`` also
+    every paused name: a queue paused before its actors were removed (or whose
+    actors this process does not import) must still be resumable.
+    """
+    paused = queues.controls().paused
+    known = set(queues.queue_names()) | (paused if verb == RESUME else set())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise CommandError(
+            f"unknown queue(s): {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}",
+            returncode=EXIT_USAGE,
+        )
+    changed, unchanged = [], []
+    for name in dict.fromkeys(names):
+        if (name in paused) == (verb == PAUSE):
+            unchanged.append(name)
+            continue
+        (queues.pause if verb == PAUSE else queues.resume)(name)
+        changed.append(name)
+    return {
+        "action": verb,
+        "queues": list(dict.fromkeys(names)),
+        "changed": changed,
+        "unchanged": unchanged,
+    }
+
+
+def change_text(result: dict[str, Any]) -> str:
+    past = "Paused" if result["action"] == PAUSE else "Resumed"
+    lines = []
+    if result["changed"]:
+        seconds = jobs_settings.JOBS_CONTROL_REFRESH_MS / 1000
+        lines.append(
+            f"{past}: {', '.join(result['changed'])} "
+            f"(workers see it within {seconds:g} s, JOBS_CONTROL_REFRESH_MS)."
+        )
+    if result["unchanged"]:
+        state = "paused" if result["action"] == PAUSE else "not paused"
+        lines.append(f"Already {state}: {', '.join(result['unchanged'])}.")
+    return "\n".join(lines)
