@@ -23,6 +23,7 @@ from django.conf import settings
 from django_redis import get_redis_connection
 from redis.exceptions import RedisError
 
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from project.env import Rate
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ def _allowed(scope: str, rate: Rate | None, budgets: dict[str, tuple[str, int]])
     """Count one attempt against each ``kind: (value, limit)``; deny when one is spent."""
     if rate is None:
         return Verdict(allowed=True)
+    if recently_unreachable():
+        return Verdict(allowed=True)  # fails open, without waiting on Redis again
     now = int(time.time())
     window = now // rate.seconds
     kinds = list(budgets)
@@ -59,6 +62,8 @@ def _allowed(scope: str, rate: Rate | None, budgets: dict[str, tuple[str, int]])
             pipe.expire(_key(scope, kind, budgets[kind][0], window), rate.seconds + 1)
         counts = pipe.execute()[::2]
     except RedisError as exc:
+        if isinstance(exc, UNREACHABLE):
+            note_unreachable(exc)
         logger.warning("%s rate limit unavailable, allowing: %s", scope.capitalize(), exc)
         return Verdict(allowed=True)
     if any(count > budgets[kind][1] for kind, count in zip(kinds, counts, strict=True)):

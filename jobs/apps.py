@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import autodiscover_modules
@@ -37,6 +37,11 @@ class JobsConfig(AppConfig):
 
         # Logging is configured by now (Django's LOGGING, or Dramatiq's in a worker).
         outages.install()
+        if apps.is_installed("django.contrib.admin"):
+            from jobs.admin.jobs import hide_stock_task_admin
+
+            # The admin app's ready() (listed first) has run autodiscover by now.
+            hide_stock_task_admin()
         from jobs.checks import check_lock_ttls, check_references
         from jobs.conf import checks as conf_checks
         from jobs.conf.migrations import check_migrations

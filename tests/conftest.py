@@ -15,6 +15,7 @@ from django_redis import get_redis_connection
 from dramatiq.broker import MessageProxy
 
 from jobs.broker import redis_broker
+from jobs.consistency import reachability
 from jobs.ledger import writer as ledger
 from project.redis_server import RedisServer
 
@@ -65,6 +66,14 @@ def test_database_url(django_db_setup: None) -> str:
     committed: tests using it need ``django_db(transaction=True)`` or no database.
     """
     return database_url()
+
+
+@pytest.fixture(autouse=True)
+def _redis_reachable() -> Iterator[None]:
+    """A test that broke Redis leaves no 'unreachable a moment ago' to the next one."""
+    reachability.reset()
+    yield
+    reachability.reset()
 
 
 @pytest.fixture(autouse=True)

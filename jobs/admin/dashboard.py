@@ -10,6 +10,7 @@ from django.utils.safestring import SafeString
 
 from jobs.admin import charts
 from jobs.broker import queues
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger.figures import (
     LAST_DAY,
     LAST_HOUR,
@@ -54,10 +55,23 @@ def timeline_charts(line: Timeline) -> tuple[SafeString, SafeString]:
     )
 
 
+def _queue_stats() -> tuple[list[Any], str]:
+    """The queues' live figures, or why there are none (Redis unreachable)."""
+    if recently_unreachable():
+        return [], "Redis did not answer a moment ago; queue figures are not shown."
+    try:
+        return list(queues.all_queue_stats()), ""
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        return [], f"Redis is unreachable ({type(exc).__name__}); queue figures are not shown."
+
+
 def dashboard_context() -> dict[str, Any]:
     hour, day = state_counts(timedelta(hours=1)), state_counts(timedelta(days=1))
+    queue_stats, queues_error = _queue_stats()
     return {
-        "queues": queues.all_queue_stats(),
+        "queues": queue_stats,
+        "queues_error": queues_error,
         "states": Job.State.values,
         "counts": [("Last hour", hour, failure_rate(hour)), ("Last day", day, failure_rate(day))],
         "charts": [timeline_charts(timeline(LAST_HOUR)), timeline_charts(timeline(LAST_DAY))],

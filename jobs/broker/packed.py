@@ -59,8 +59,16 @@ def send(client: redis.Redis, packed: bytes) -> Any:
         try:
             connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            connection.disconnect()  # type: ignore[no-untyped-call]
             raise NotSent(str(exc)) from exc
-        return connection.read_response()
+        try:
+            return connection.read_response()
+        except BaseException:
+            # A reply may still be on its way: a connection left in the pool would
+            # hand it to the next command as that command's answer (redis-py's
+            # Sentinel connections do not disconnect on a read error themselves).
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
     finally:
         pool.release(connection)
 

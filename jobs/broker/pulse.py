@@ -92,9 +92,11 @@ def pulse() -> int:
     import django
 
     django.setup()
-    from jobs.broker import redis_broker
+    from jobs.broker import redis_broker, registry
+    from jobs.broker.timeouts import use_worker_timeouts
     from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval, heartbeats_key
 
+    use_worker_timeouts(redis_broker())  # a worker's patience with Redis, not a request's
     parent = os.getppid()
     host = socket.gethostname()
     client = redis_broker().client
@@ -110,6 +112,7 @@ def pulse() -> int:
                 pipe.zadd(heartbeats_key(), {broker_id: now_ms for broker_id in known.values()})
                 for (pid, _started), broker_id in known.items():
                     pipe.set(f"{PREFIX}{host}:{pid}", broker_id, ex=TTL_SECONDS)
+                    registry.beat_for(pipe, host, pid, broker_id, now_ms)
                 pipe.execute()
         except Exception:
             logger.warning("Worker pulse failed; trying again", exc_info=True)

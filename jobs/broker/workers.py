@@ -12,7 +12,9 @@ So each worker process runs a ``Heartbeat`` thread that, every
 ``beat_interval()`` seconds and whatever its consumers do:
 
 - refreshes the process's broker heartbeat (a ``ZADD`` like dispatch.lua's);
-- refreshes its presence key ``jobs:worker:<host>:<pid>`` (value: broker id);
+- refreshes its presence key ``jobs:worker:<host>:<pid>`` (value: broker id),
+  and in the same round trip its record for the admin's workers page, which
+  outlives the key by an hour (``jobs.broker.registry``);
 - runs the broker's maintenance on every declared queue, so the unacked
   messages of a worker dead for ``heartbeat_timeout`` are back in their queue
   within one interval after that, with only workers running.
@@ -31,7 +33,7 @@ import socket
 import threading
 import time
 
-from jobs.broker import redis_broker
+from jobs.broker import redis_broker, registry
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +67,21 @@ def identity() -> str | None:
 
 def beat() -> None:
     broker = redis_broker()
+    now_ms = int(time.time() * 1000)
     pipe = broker.client.pipeline(transaction=False)
-    pipe.zadd(heartbeats_key(), {broker.broker_id: int(time.time() * 1000)})
+    pipe.zadd(heartbeats_key(), {broker.broker_id: now_ms})
     pipe.set(_key(), broker.broker_id, ex=TTL_SECONDS)
+    # The record the admin's workers page keeps for an hour, in the same round trip.
+    registry.beat(pipe, broker.broker_id, now_ms)
     pipe.execute()
 
 
 def gone() -> None:
-    redis_broker().client.delete(_key())
+    broker = redis_broker()
+    pipe = broker.client.pipeline(transaction=False)
+    pipe.delete(_key())
+    registry.stopped(pipe, broker.broker_id, int(time.time() * 1000))
+    pipe.execute()
 
 
 def live_workers() -> list[str]:
@@ -105,6 +114,7 @@ class Heartbeat:
 
     def start(self) -> None:
         global _identity
+        registry.begin()
         # The first beat before any job starts: a claim must never name a
         # holder that has no heartbeat yet (it would look dead).
         with contextlib.suppress(Exception):

@@ -46,6 +46,7 @@ from jobs.broker.scripts import LuaScript
 from jobs.conf import jobs_settings
 from jobs.consistency.connection import default_redis
 from jobs.consistency.dedup import send_unique
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -135,10 +136,22 @@ def _value_key(namespace: str, key: str) -> str:
 
 
 def cached(namespace: str, key: str, loader: Callable[[], T], *, ttl: float = 300) -> T:
-    """The cached value of ``key`` in ``namespace``; on a miss, ``loader()`` (one caller)."""
+    """The cached value of ``key`` in ``namespace``; on a miss, ``loader()`` (one caller).
+
+    With Redis unreachable the answer is ``loader()``'s, uncached: slower, never
+    an error (and after one timeout, without waiting on Redis again for a while:
+    ``jobs.consistency.reachability``).
+    """
+    if recently_unreachable():
+        return loader()
     client, codec = _client_and_codec()
     value_key = _value_key(namespace, key)
-    version, raw = _read(client, _version_key(namespace), value_key)
+    try:
+        version, raw = _read(client, _version_key(namespace), value_key)
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        logger.warning("Cache %s: Redis unreachable, loading uncached: %s", value_key, exc)
+        return loader()
     stamp = (version or b"0") + b"|"
     if raw is not None and raw.startswith(stamp):
         _counters.count(client, namespace + ":hits")
@@ -154,7 +167,11 @@ def _read(client: Redis, version_key: str, value_key: str) -> list[bytes | None]
     command = packed.pack(b"MGET", version_key.encode(), value_key.encode())
     try:
         return cast(list[bytes | None], packed.send(client, command))
-    except (packed.NotSent, RedisConnectionError, RedisTimeoutError):
+    except RedisTimeoutError:
+        raise  # a server that does not answer: asking again only doubles the wait
+    except (packed.NotSent, RedisConnectionError) as exc:
+        if isinstance(exc.__cause__, RedisTimeoutError):
+            raise exc.__cause__ from None
         # A read: asking again cannot do anything twice.
         return cast(list[bytes | None], client.mget(version_key, value_key))
 
@@ -167,7 +184,12 @@ def _fill(client: Redis, value_key: str, stamp: bytes, loader: Callable[[], T], 
     pause = 0.002
     while True:
         # Re-checks the value with the lease: a loader may have finished since our read.
-        claim = _CLAIM(client, [value_key, lease_key], [token, lease_ms, stamp])
+        try:
+            claim = _CLAIM(client, [value_key, lease_key], [token, lease_ms, stamp])
+        except UNREACHABLE as exc:
+            note_unreachable(exc)
+            logger.warning("Cache %s: Redis unreachable, loading uncached: %s", value_key, exc)
+            return loader()
         if claim[0] == 1:
             return cast(T, _codec().decode(claim[1][len(stamp) :]))
         if claim[0] == 2:
@@ -190,7 +212,12 @@ def _load(
     encoded = stamp + _codec().encode(value, allow_int=False)
     # Refused when an invalidation deleted our lease while we loaded: what we
     # loaded may predate that commit, so it must not be cached.
-    _WRITE_IF_LEASED(client, [value_key, value_key + ":lease"], [token, encoded, int(ttl * 1000)])
+    try:
+        _WRITE_IF_LEASED(
+            client, [value_key, value_key + ":lease"], [token, encoded, int(ttl * 1000)]
+        )
+    except UNREACHABLE as exc:
+        note_unreachable(exc)  # loaded all the same: the caller gets its value
     return value
 
 
@@ -206,7 +233,20 @@ def invalidate_on_commit(namespace: str, *keys: str, warm: bool = False) -> None
     """Delete ``keys`` once the current transaction commits (now if none is open)."""
 
     def drop() -> None:
-        invalidate(namespace, *keys)
+        # With Redis unreachable the keys cannot be dropped now, and waiting on it
+        # again would only slow the request: they expire by their TTL, as keys
+        # whose invalidation failed always have (docs/howto/cache.md).
+        if recently_unreachable():
+            logger.warning("Cache %s: Redis unreachable, %s not invalidated", namespace, keys)
+            return
+        try:
+            invalidate(namespace, *keys)
+        except UNREACHABLE as exc:
+            note_unreachable(exc)
+            logger.warning(
+                "Cache %s: Redis unreachable, %s not invalidated: %s", namespace, keys, exc
+            )
+            return
         if warm:
             for key in keys:
                 send_unique(warm_cache_key, f"cache-warm:{namespace}:{key}", namespace, key)

@@ -55,6 +55,7 @@ from dramatiq.brokers.redis import RedisBroker
 from jobs.broker import redis_broker, replication
 from jobs.broker.limits import check_size
 from jobs.conf import jobs_settings
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger.storable import unstorable
 from jobs.models import Job, OutboxMessage
 from jobs.observability import logcontext
@@ -128,6 +129,10 @@ def publish(row_ids: list[int]) -> int:
     """Publish the given rows (those still pending and unclaimed); return how many
     are settled: sent and confirmed, or known to have reached a worker."""
     sent = 0
+    if recently_unreachable():
+        # Redis just failed to answer this process: the rows stay pending, and a
+        # worker's relay publishes them (a request does not wait on Redis again).
+        return 0
     broker = redis_broker()
     for row_id in row_ids:
         row = _claim(row_id)
@@ -136,6 +141,8 @@ def publish(row_ids: list[int]) -> int:
         try:
             _publish_row(broker, row)
         except Exception as exc:
+            if isinstance(exc, UNREACHABLE):
+                note_unreachable(exc)
             _retry_later(row, exc)
             continue
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now(), claimed_until=None)

@@ -15,6 +15,7 @@ from django.db.models import Case, CharField, Count, Func, IntegerField, Q, Valu
 from django.utils import timezone
 
 from jobs.conf import jobs_settings
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger import states
 from jobs.models import Job
 from jobs.observability.metrics import DURATION_BUCKETS
@@ -240,19 +241,26 @@ CACHE_PREFIX = "jobs:timeline:hour:"
 def _hours(starts: list[datetime], now: datetime) -> dict[str, Bucket]:
     settled = [s for s in starts if s + timedelta(hours=1) + SETTLED_AFTER <= now]
     keys = {_key(s, "hour"): s for s in settled}
-    found: dict[str, Bucket] = {
-        key[len(CACHE_PREFIX) :]: value
-        for key, value in caches[jobs_settings.JOBS_CACHE]
-        .get_many([CACHE_PREFIX + k for k in keys])
-        .items()
-    }
+    cache = caches[jobs_settings.JOBS_CACHE]
+    found: dict[str, Bucket] = {}
+    # Settled hours come from the cache when Redis answers; without it the
+    # dashboard computes them all from the database (slower, still right).
+    if not recently_unreachable():
+        try:
+            stored = cache.get_many([CACHE_PREFIX + k for k in keys])
+        except UNREACHABLE as exc:
+            note_unreachable(exc)
+            stored = {}
+        found = {key[len(CACHE_PREFIX) :]: value for key, value in stored.items()}
     missing = [s for k, s in keys.items() if k not in found]
     if missing:
         fresh = _aggregate("hour", min(missing), max(missing) + timedelta(hours=1))
         computed = {_key(s, "hour"): fresh.get(_key(s, "hour"), Bucket()) for s in missing}
-        caches[jobs_settings.JOBS_CACHE].set_many(
-            {CACHE_PREFIX + k: v for k, v in computed.items()}, 25 * 3600
-        )
+        if not recently_unreachable():
+            try:
+                cache.set_many({CACHE_PREFIX + k: v for k, v in computed.items()}, 25 * 3600)
+            except UNREACHABLE as exc:
+                note_unreachable(exc)
         found.update(computed)
     live_from = max(settled) + timedelta(hours=1) if settled else starts[0]
     found.update(_aggregate("hour", live_from))

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from django_redis import get_redis_connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobs.broker import redis_broker
 from jobs.conf import jobs_settings
 from jobs.conf.migrations import pending_migrations
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +27,23 @@ def _database() -> None:
         cursor.execute("SELECT 1")
 
 
+def _ping(client: Any) -> None:
+    # After one Redis that did not answer, the other probe does not wait again.
+    if recently_unreachable():
+        raise RedisConnectionError("unreachable a moment ago")
+    try:
+        client.ping()
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        raise
+
+
 def _redis() -> None:
-    get_redis_connection(jobs_settings.JOBS_CACHE).ping()
+    _ping(get_redis_connection(jobs_settings.JOBS_CACHE))
 
 
 def _broker() -> None:
-    redis_broker().client.ping()
+    _ping(redis_broker().client)
 
 
 def _migrations() -> str | None:

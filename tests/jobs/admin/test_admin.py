@@ -347,3 +347,12 @@ def test_it_runs_the_retry_of_a_failed_periodic_job_for_its_tick_however_late(
     retry = Job.objects.get(retry_of=failed)
     assert (retry.state, retry.skip_reason) == ("succeeded", "")
     assert ticks_seen == [tick, tick]  # the retry reports on the failed run's tick
+
+
+def test_django_dramatiqs_empty_task_admin_stays_hidden() -> None:
+    # "jobs" comes before "django_dramatiq" in INSTALLED_APPS (as the docs show):
+    # the stock admin registers after jobs.admin is imported, so ready() hides it.
+    from django.contrib import admin
+    from django_dramatiq.models import Task
+
+    assert not admin.site.is_registered(Task)

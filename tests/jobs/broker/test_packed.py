@@ -139,3 +139,45 @@ def test_a_reply_that_comes_too_late_is_an_error_not_a_second_enqueue(redis_serv
     # is in its queue once: no second send of a command that may have run
     assert sorted(m.args[0] for m in queued_messages(QUEUE)) == ["a", "b"]
     proxy.server.close()
+
+
+class _KeepsConnectionOnReadError(redis.Connection):
+    """A connection that stays open after a read error, as redis-py's Sentinel
+    connection does (SentinelManagedConnection reads with disconnect_on_error=False)."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["disconnect_on_error"] = False
+        return super().read_response(*args, **kwargs)
+
+
+def test_a_timed_out_reply_never_answers_the_next_command(tmp_path: Any) -> None:
+    from jobs.broker import packed
+    from project.redis_server import RedisServer
+    from tests.e2e.conftest import free_port
+
+    # Given a Redis that stalls past the client's read timeout, on a pool whose
+    # connections keep their socket after a read error
+    server = RedisServer(free_port(), tmp_path / "redis", appendonly=False).start()
+    assert server.process is not None
+    try:
+        pool = redis.ConnectionPool(
+            port=server.port,
+            socket_timeout=0.5,
+            connection_class=_KeepsConnectionOnReadError,
+            max_connections=1,
+        )
+        client = redis.Redis(connection_pool=pool)
+        client.mset({"x": "answer-to-x", "y": "answer-to-y"})
+        import os
+        import signal
+
+        os.kill(server.process.pid, signal.SIGSTOP)
+        threading.Timer(1.0, os.kill, (server.process.pid, signal.SIGCONT)).start()
+        # When a GET x times out and its reply arrives late
+        with pytest.raises(redis.TimeoutError):
+            packed.send(client, packed.pack(b"GET", b"x"))
+        time.sleep(1.5)
+        # Then the next command on the pool reads its own reply, not x's
+        assert packed.send(client, packed.pack(b"GET", b"y")) == b"answer-to-y"
+    finally:
+        server.stop()

@@ -54,7 +54,7 @@ def test_outbox_waits_for_a_replica_by_default_under_sentinel(settings) -> None:
 def test_the_broker_helper_lists_every_middleware_and_fails_fast_on_a_dead_redis() -> None:
     broker = dramatiq_broker("redis://127.0.0.1:6379/3", extra_middleware=["my.Middleware"])
     assert broker["MIDDLEWARE"] == [*MIDDLEWARE, "my.Middleware"]
-    assert "socket_connect_timeout=2" in broker["OPTIONS"]["url"]
+    assert "socket_timeout=1" in broker["OPTIONS"]["url"]
     assert broker["OPTIONS"]["url"].startswith("redis://127.0.0.1:6379/3?")
 
 
@@ -206,7 +206,7 @@ def test_it_reports_the_platforms_middleware_out_of_order(settings) -> None:
 def test_it_names_the_settings_that_were_renamed(settings) -> None:
     settings.WATCHDOG_CRON = "* * * * *"
     settings.JOB_MAX_RETRIES = 3
-    hints = sorted(w.hint for w in check_names())
+    hints = sorted(w.hint or "" for w in check_names())
     assert hints == ["Did you mean JOBS_MAX_RETRIES?", "Did you mean JOBS_WATCHDOG_CRON?"]
 
 
@@ -224,6 +224,8 @@ def test_the_stand_in_broker_refuses_to_lose_a_message() -> None:
     from jobs.broker.unconfigured import UnconfiguredBroker
 
     broker = UnconfiguredBroker(middleware=[])
-    message = dramatiq.Message(queue_name="default", actor_name="x", args=(), kwargs={}, options={})
+    message: dramatiq.Message[object] = dramatiq.Message(
+        queue_name="default", actor_name="x", args=(), kwargs={}, options={}
+    )
     with pytest.raises(ImproperlyConfigured, match="DRAMATIQ_BROKER is not set"):
         broker.enqueue(message)
