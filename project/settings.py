@@ -76,6 +76,8 @@ MIDDLEWARE = [
     "jobs.observability.logcontext.RequestIdMiddleware",
     # NUL in a path or query string: a 400 before PostgreSQL could make it a 500
     "jobs.http.nul.RejectNulMiddleware",
+    # a form posted in another charset than UTF-8: a 400 before the CSRF check reads it
+    "jobs.http.charset.RejectForeignFormCharsetMiddleware",
     # a lost database connection (PostgreSQL restarting) is a 503, not a 500
     "jobs.observability.unavailable.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -463,8 +465,9 @@ LOGGING = {
         # Replaces Django's default handlers of this logger (console and an
         # unbounded mail_admins); records still reach the root's console.
         "django": {"handlers": ["mail_admins"], "level": "INFO"},
-        # A bad Host header is a scanner's, not a bug: logged, never mailed.
-        "django.security.DisallowedHost": {"handlers": ["console"], "propagate": False},
+        # A bad Host header, too many fields, a body too large: a client's doing,
+        # not a bug. Logged, never mailed (they would spend the mail budget).
+        "django.security": {"handlers": ["console"], "propagate": False},
     },
 }
 # Error reports (the debug page, error emails) mask credentials inside values too:

@@ -22,6 +22,7 @@ from django_dramatiq.models import Task
 
 from jobs.admin.dashboard import dashboard_context
 from jobs.admin.pagination import CheapCountPaginator
+from jobs.admin.safety import SafeModelAdmin
 from jobs.admin.schedules import run_now, schedule_rows
 from jobs.admin.workers import workers_page
 from jobs.broker import queues, redis_broker
@@ -125,7 +126,7 @@ ARGUMENT_SEARCH_ROWS = 100_000
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class JobAdmin(SafeModelAdmin):
     list_display = (
         "message_id",
         "state_coloured",
@@ -492,7 +493,7 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(DailyReport)
-class DailyReportAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class DailyReportAdmin(SafeModelAdmin):
     list_display = ("date", "sections", "failed_jobs", "created_at", "emailed_at")
     ordering = ("-date",)
     date_hierarchy = "date"
@@ -520,7 +521,7 @@ class DailyReportAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(EffectRecord)
-class EffectRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class EffectRecordAdmin(SafeModelAdmin):
     list_display = ("key", "state", "created_at", "done_at", "lease_until")
     list_filter = ("state",)
     search_fields = ("=key",)

@@ -76,7 +76,7 @@ class ThrottledAdminEmailHandler(AdminEmailHandler):
         if held is None:
             return
         if held:
-            record.msg = f"{record.msg} ({held} similar error email(s) held back before this one)"
+            record.msg = f"{record.msg} ({held} error email(s) held back before this one)"
         super().emit(record)
 
     def _admit(self, record: logging.LogRecord) -> int | None:

@@ -66,4 +66,4 @@ def test_the_handler_counts_what_it_held_back_in_its_next_email(production) -> N
     assert len(mail.outbox) == 2
     production.per_hour = 3
     client.get("/boom/")
-    assert "3 similar error email(s) held back" in mail.outbox[-1].subject
+    assert "3 error email(s) held back" in mail.outbox[-1].subject
