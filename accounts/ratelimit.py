@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import unicodedata
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -82,6 +83,9 @@ def signup_allowed(*, ip: str, email: str | None) -> Verdict:
 
 def login_allowed(*, ip: str, username: str) -> Verdict:
     """Count this login attempt against the (IP, user name) and IP budgets."""
+    # The name as the login form reads it (stripped, NFKC): " ada" or a
+    # full-width "ada" (U+FF41...) logs in as ada, so it must share its budget.
+    username = unicodedata.normalize("NFKC", username).strip()
     rate = settings.LOGIN_RATE_LIMIT
     requests = rate.requests if rate else 0
     return _allowed(

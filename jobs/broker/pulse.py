@@ -93,10 +93,8 @@ def pulse() -> int:
 
     django.setup()
     from jobs.broker import redis_broker, registry
-    from jobs.broker.timeouts import use_worker_timeouts
     from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval, heartbeats_key
 
-    use_worker_timeouts(redis_broker())  # a worker's patience with Redis, not a request's
     parent = os.getppid()
     host = socket.gethostname()
     client = redis_broker().client

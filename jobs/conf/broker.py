@@ -46,11 +46,11 @@ MIDDLEWARE: tuple[str, ...] = (
     "jobs.middleware.payloads.Payloads",
 )
 
-# A web request waits at most about a second on a dead or hung Redis (the outbox
-# keeps the message, the cache reads the database); worker processes switch to
-# longer read timeouts when they boot (jobs.broker.timeouts).
-BROKER_SOCKET_OPTIONS = {"socket_connect_timeout": 1, "socket_timeout": 1}
-CACHE_SOCKET_TIMEOUT_S = 1
+# Fail fast on a dead Redis (the outbox keeps the message; a request must not
+# hang on it); a worker's blocking fetch waits less than the read timeout. A
+# request pays one cache timeout at most: jobs.consistency.reachability.
+BROKER_SOCKET_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 10}
+CACHE_SOCKET_TIMEOUT_S = 2
 
 
 def _sentinels(

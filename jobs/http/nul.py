@@ -15,9 +15,15 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 
 def has_nul(request: HttpRequest) -> bool:
-    return "\x00" in request.path or any(
-        "\x00" in key or any("\x00" in value for value in values)
-        for key, values in request.GET.lists()
+    # Cookies too: Python's cookie parser turns "\000" into NUL, and a session
+    # id with one failed the session lookup on PostgreSQL.
+    return (
+        "\x00" in request.path
+        or any(
+            "\x00" in key or any("\x00" in value for value in values)
+            for key, values in request.GET.lists()
+        )
+        or any("\x00" in key or "\x00" in value for key, value in request.COOKIES.items())
     )
 
 

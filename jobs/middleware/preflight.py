@@ -15,7 +15,6 @@ import sys
 import dramatiq
 from django.db import DatabaseError
 
-from jobs.broker.timeouts import use_worker_timeouts
 from jobs.broker.unconfigured import REFUSAL, UnconfiguredBroker
 from jobs.conf.migrations import pending_migrations, refusal
 
@@ -30,7 +29,6 @@ class Preflight(dramatiq.Middleware):
         if isinstance(broker, UnconfiguredBroker):  # started with --skip-checks
             logger.critical(REFUSAL)
             sys.exit(EXIT_NOT_READY)
-        use_worker_timeouts(broker)  # before any consumer sizes its BLPOP on them
         try:
             pending = pending_migrations()
         except DatabaseError as exc:

@@ -44,14 +44,19 @@ class SecretsReporterFilter(SafeExceptionReporterFilter):
         return [(name, _mask(value)) for name, value in variables]
 
 
-def _mask(value: Any) -> Any:
+def _mask(value: Any, depth: int = 0) -> Any:
+    # Strings and plain containers only: repr() of anything else can run code
+    # (a QuerySet runs its query again, and raises again in a report about a
+    # database error, which lost the email); Django formats those itself.
     if isinstance(value, str):
         return redact_text(value)
-    if isinstance(value, (dict, list, tuple, set)) or hasattr(value, "__dict__"):
-        # Containers and objects are shown by their repr: mask that text.
-        text = repr(value)
-        masked = redact_text(text)
-        return value if masked == text else masked
+    if isinstance(value, bytes):
+        text = value.decode("utf-8", "replace")
+        return value if redact_text(text) == text else redact_text(text)
+    if depth < 4 and type(value) in (dict, list, tuple):
+        if isinstance(value, dict):
+            return {key: _mask(item, depth + 1) for key, item in value.items()}
+        return type(value)(_mask(item, depth + 1) for item in value)
     return value
 
 

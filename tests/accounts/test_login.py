@@ -119,3 +119,10 @@ def test_the_export_downloads_as_a_json_file_once_finished(
     other = User.objects.create_user("bob", "bob@example.com", PASSWORD)
     assert login(other).get(url).status_code == 404
     assert Client().get(url).status_code == 401
+
+
+def test_variants_of_a_name_share_its_budget(client: Client, ada: User, frozen_clock: None) -> None:
+    # The login form strips and NFKC-normalises the name: each variant is ada.
+    assert [attempt(client, "ada", f"guess{n}") for n in range(10)] == [200] * 10
+    for variant in (" ada", "\tada", "\u3000ada", "\uff41da"):
+        assert attempt(client, variant, PASSWORD) == 429, variant

@@ -39,3 +39,9 @@ def test_the_admin_refuses_a_nul_filter_without_the_middleware(root: Client, set
     ]
     response = root.get("/admin/jobs/job/?actor=%00")
     assert response.status_code == 400
+
+
+def test_a_nul_in_a_cookie_is_a_400() -> None:
+    client = Client()
+    client.cookies["sessionid"] = "\x00abcdefgh"
+    assert client.get("/accounts/login/").status_code == 400

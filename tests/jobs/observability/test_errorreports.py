@@ -67,3 +67,15 @@ def test_the_handler_counts_what_it_held_back_in_its_next_email(production) -> N
     production.per_hour = 3
     client.get("/boom/")
     assert "3 error email(s) held back" in mail.outbox[-1].subject
+
+
+def test_a_report_never_runs_a_querysets_query_again() -> None:
+    # repr() of a QuerySet queries the database: in a report about a database
+    # error it raised again and the email was lost.
+    from django.contrib.auth.models import User
+
+    from jobs.observability.errorreports import _mask
+
+    queryset = User.objects.all()
+    assert _mask(queryset) is queryset
+    assert _mask({"url": "redis://:pw-12345@h/0"}) == {"url": "redis://:[redacted]@h/0"}
