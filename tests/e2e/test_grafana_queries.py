@@ -60,7 +60,10 @@ def test_every_panel_query_parses_and_returns_series(
     (tmp_path / "prometheus.yml").write_text(
         json.dumps(
             {
-                "global": {"scrape_interval": "1s"},
+                # The scrape timeout is the interval unless set: 1 s was too short
+                # late in a full run, when /metrics sums several hundred files of
+                # finished test processes (0.5 s idle, more on 2 busy cores: up=0).
+                "global": {"scrape_interval": "3s", "scrape_timeout": "3s"},
                 "scrape_configs": [
                     {
                         "job_name": "jobs-web",
@@ -94,7 +97,7 @@ def test_every_panel_query_parses_and_returns_series(
             except OSError:
                 up, samples = {}, {}
             results = samples.get("data", {}).get("result", [])
-            if results and float(results[0]["value"][1]) >= 4:
+            if results and float(results[0]["value"][1]) >= 3:
                 break
             assert time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()[-3000:]
             time.sleep(0.5)
