@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -26,6 +28,18 @@ def closed_port_error(settings) -> redis.ConnectionError:
     return redis.ConnectionError(f"Error 111 connecting to 127.0.0.1:{port}. Connection refused.")
 
 
+@contextmanager
+def captured(name: str, *, every_s: float) -> Iterator[tuple[logging.Logger, Lines]]:
+    """A logger of the test's own with a filtered handler that keeps what passes."""
+    handler = Lines(every_s=every_s)
+    logger = logging.getLogger(f"tests.outages.{name}")
+    logger.addHandler(handler)
+    try:
+        yield logger, handler
+    finally:
+        logger.removeHandler(handler)
+
+
 def log_failure(logger: logging.Logger, error: Exception) -> None:
     try:
         try:
@@ -38,15 +52,10 @@ def log_failure(logger: logging.Logger, error: Exception) -> None:
 
 def test_it_turns_a_flood_of_tracebacks_into_one_line(closed_port_error) -> None:
     # Given 50 threads' worth of connection errors, each with its traceback
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.flood")
-    logger.addHandler(handler)
-    try:
+    with captured("flood", every_s=60) as (logger, handler):
         for _ in range(50):
             log_failure(logger, closed_port_error)
         logger.warning("an unrelated warning")
-    finally:
-        logger.removeHandler(handler)
     # Then one line names where Redis should be and which settings point there
     [outage, unrelated] = handler.lines
     text = outage.getMessage()
@@ -57,33 +66,23 @@ def test_it_turns_a_flood_of_tracebacks_into_one_line(closed_port_error) -> None
 
 
 def test_it_says_again_once_a_period_how_many_it_left_out(closed_port_error) -> None:
-    handler = Lines(every_s=0.2)
-    logger = logging.getLogger("tests.outages.period")
-    logger.addHandler(handler)
-    try:
+    with captured("period", every_s=0.2) as (logger, handler):
         for _ in range(5):
             log_failure(logger, closed_port_error)
         import time
 
         time.sleep(0.25)
         log_failure(logger, closed_port_error)
-    finally:
-        logger.removeHandler(handler)
     assert len(handler.lines) == 2
     assert "still unreachable" in handler.lines[1].getMessage()
     assert "4 more such line(s)" in handler.lines[1].getMessage()
 
 
 def test_dramatiqs_consumer_lines_join_the_report(closed_port_error) -> None:
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.consumer")
-    logger.addHandler(handler)
-    try:
+    with captured("consumer", every_s=60) as (logger, handler):
         for _ in range(3):
             logger.critical("Consumer encountered a connection error: %s", closed_port_error)
             logger.info("Restarting consumer in %0.2f seconds.", 3)
-    finally:
-        logger.removeHandler(handler)
     assert len(handler.lines) == 1
 
 
@@ -101,14 +100,9 @@ def test_a_database_that_refuses_connections_is_told_once_by_its_alias(settings)
         "Connection refused\n\tIs the server running on that host and accepting TCP/IP "
         "connections?"
     )
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.database")
-    logger.addHandler(handler)
-    try:
+    with captured("database", every_s=60) as (logger, handler):
         for _ in range(10):
             logger.warning("Job ledger intake: database unreachable, entries kept: %s", error)
-    finally:
-        logger.removeHandler(handler)
     [line] = handler.lines
     assert line.getMessage().startswith(
         "Database at 10.9.8.7:6543 (DATABASES['reports']) is unreachable: Job ledger intake"
@@ -117,26 +111,16 @@ def test_a_database_that_refuses_connections_is_told_once_by_its_alias(settings)
 
 
 def test_a_line_that_only_mentions_reconnecting_passes_untouched() -> None:
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.other")
-    logger.addHandler(handler)
-    try:
+    with captured("other", every_s=60) as (logger, handler):
         for _ in range(3):
             logger.info("Reconnecting to 10.0.0.1:6379 after a failover")
-    finally:
-        logger.removeHandler(handler)
     assert len(handler.lines) == 3
 
 
 def test_the_applications_own_connecting_lines_pass_untouched() -> None:
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.payments")
-    logger.addHandler(handler)
-    try:
+    with captured("payments", every_s=60) as (logger, handler):
         for order in range(3):
             logger.info("connecting to api.stripe.com:443 for order %s", order)
-    finally:
-        logger.removeHandler(handler)
     assert [r.getMessage() for r in handler.lines] == [
         f"connecting to api.stripe.com:443 for order {n}" for n in range(3)
     ]
@@ -150,17 +134,12 @@ def test_a_database_that_answers_with_an_error_keeps_its_traceback() -> None:
         'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
         'FATAL:  database "no_such_db" does not exist'
     )
-    handler = Lines(every_s=60)
-    logger = logging.getLogger("tests.outages.fatal")
-    logger.addHandler(handler)
-    try:
+    with captured("fatal", every_s=60) as (logger, handler):
         for _ in range(2):
             try:
                 raise error
             except OperationalError:
                 logger.exception("query failed")
-    finally:
-        logger.removeHandler(handler)
     assert len(handler.lines) == 2
     assert all(r.exc_info is not None for r in handler.lines)
 
@@ -184,13 +163,8 @@ def test_a_record_that_cannot_be_rendered_passes_without_raising() -> None:
 def test_an_outage_after_a_quiet_spell_is_told_as_new(closed_port_error) -> None:
     import time
 
-    handler = Lines(every_s=0.1)
-    logger = logging.getLogger("tests.outages.again")
-    logger.addHandler(handler)
-    try:
+    with captured("again", every_s=0.1) as (logger, handler):
         log_failure(logger, closed_port_error)
         time.sleep(0.25)
         log_failure(logger, closed_port_error)
-    finally:
-        logger.removeHandler(handler)
     assert [" is unreachable" in r.getMessage() for r in handler.lines] == [True, True]
