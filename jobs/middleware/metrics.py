@@ -80,8 +80,12 @@ class Metrics(dramatiq.Middleware):
         exception: BaseException | None = None,
     ) -> None:
         children = self._of(message)
-        writes.add(children.in_progress, -1)
         started = self._started.pop(message.message_id, None)
+        # Only a job this hook counted in: a middleware listed earlier whose
+        # before_process_message raised (Control's Redis read in an outage) gets
+        # after_process_message too, and an unmatched -1 left the gauge at -1.
+        if started is not None:
+            writes.add(children.in_progress, -1)
         if is_deferral(exception) and not message.failed:
             writes.add(children.deferred)
             return

@@ -90,6 +90,48 @@ def test_metrics_count_success_retry_and_failure_with_duration_buckets(
     assert value(after, "jobs_in_progress", actor="succeed") == 0
 
 
+class _Refused(dramatiq.middleware.MiddlewareError):
+    """Dramatiq logs and swallows an Exception from a before hook, but lets a
+    MiddlewareError and any BaseException through: the worker then runs the
+    after hooks of every middleware, those whose before hook never ran included.
+    A time limit's or a cancel's asynchronous exception, landing in the thread
+    while it runs the before hooks, takes the same path."""
+
+
+class _RefusesFirstStart(dramatiq.Middleware):
+    """A middleware listed before Metrics whose before_process_message raises once."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def before_process_message(self, broker: dramatiq.Broker, message: object) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise _Refused("refused before the job started")
+
+
+def test_a_job_refused_by_an_earlier_middleware_never_counts_as_running(
+    client: Client, broker: dramatiq.Broker
+) -> None:
+    from jobs.middleware.metrics import Metrics
+
+    refuser = _RefusesFirstStart()
+    broker.add_middleware(refuser, before=Metrics)
+    try:
+        succeed.send(2)
+        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+        worker.start()
+        join(QUEUE)
+        worker.stop()
+    finally:
+        broker.middleware.remove(refuser)
+
+    assert refuser.refused == 1
+    # Metrics never counted the refused start in, so it must not count it out:
+    # an unmatched -1 left jobs_in_progress at -1 for the life of the process.
+    assert value(scrape(client), "jobs_in_progress", actor="succeed") == 0
+
+
 def test_queue_depth_is_read_from_redis(client: Client) -> None:
     for n in range(3):
         succeed.send(n)
