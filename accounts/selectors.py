@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 
 from accounts.models import TaskRequest
 from jobs.consistency.cache import cache_loader, cached
+from jobs.ledger import states
 from jobs.tasks_framework.compat import TaskResultDoesNotExist, TaskResultStatus, task_backends
 from jobs.tasks_framework.results import retry_chain, retry_origins
 
@@ -88,6 +89,16 @@ def task_status(*, user_id: int, task_id: str) -> dict[str, Any]:
     }
     if len(chain) > 1:
         data["retried_as"] = chain[-1].message_id
+    latest = chain[-1] if chain else None
+    if latest is not None and latest.progress_done is not None:
+        # What the job reported (jobs.runtime.progress); a retry keeps it.
+        data["progress"] = {
+            "done": latest.progress_done,
+            "total": latest.progress_total,
+            "note": latest.progress_note or "",
+        }
+    if latest is not None and latest.state == states.CANCELLED:
+        data["cancelled"] = True
     if result.status == TaskResultStatus.SUCCESSFUL:
         data["result"] = result.return_value
     elif result.status == TaskResultStatus.FAILED and result.errors:

@@ -20,6 +20,7 @@ from accounts.models import TaskRequest
 from jobs.consistency.idempotency import run_once
 from jobs.consistency.outbox import send_on_commit
 from jobs.errors import PermanentJobError
+from jobs.runtime import progress
 
 logger = logging.getLogger(__name__)
 User = get_user_model()
@@ -95,13 +96,16 @@ def _deliver(message: EmailMultiAlternatives) -> None:
 
 def user_export_build(*, user_id: int) -> dict[str, Any]:
     """What we hold about ``user_id``, as JSON: the result of an export task."""
+    # Shown on the account page and at /api/tasks/<id>/ (outside a job: nothing).
+    progress.report(0, 2, "reading the account")
     try:
         user = User.objects.get(pk=user_id)
     except User.DoesNotExist:
         raise PermanentJobError(f"user {user_id} does not exist") from None
+    progress.report(1, 2, "writing the export")
     joined = getattr(user, "date_joined", None)
     last_login = user.last_login
-    return {
+    export = {
         "id": user.pk,
         "username": user.get_username(),
         "email": getattr(user, "email", ""),
@@ -110,6 +114,8 @@ def user_export_build(*, user_id: int) -> dict[str, Any]:
         "date_joined": joined.isoformat() if joined is not None else None,
         "last_login": last_login.isoformat() if last_login is not None else None,
     }
+    progress.report(2, 2, "done")
+    return export
 
 
 def user_export_request(*, requested_by: AbstractBaseUser, user_id: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dramatiq
 from dramatiq.errors import RateLimitExceeded
+from dramatiq.middleware import Interrupt
 
 # Message option: how often the current attempt was deferred. It orders the
 # ledger's events (a deferral moves the job forward to "delayed") and tells a
@@ -36,6 +37,28 @@ class Deferred(dramatiq.Retry):
     The Retries middleware puts it back without using up a retry; the ledger
     shows the job "delayed" and counts no attempt; no retry is counted.
     """
+
+
+class JobCancelled(Interrupt):
+    """An operator cancelled the running job, and it saw so (``jobs.runtime.cancellation.check``).
+
+    A BaseException, as Dramatiq's time limit is: a job's ``except Exception``
+    must not swallow the stop. Never retried; the ledger shows "cancelled".
+    """
+
+    forced = False
+
+
+class JobForceCancelled(JobCancelled):
+    """The job did not see its cancel within ``JOBS_CANCEL_GRACE_MS``: raised in its
+    thread from outside, wherever it was (lands at the next Python bytecode; a
+    thread blocked in C code sees it when that call returns)."""
+
+    forced = True
+
+
+def is_cancel(exc: BaseException | None) -> bool:
+    return isinstance(exc, JobCancelled)
 
 
 def is_permanent(exc: BaseException) -> bool:

@@ -21,6 +21,7 @@ class Job(models.Model):
         SUCCEEDED = states.SUCCEEDED, "succeeded"
         FAILED = states.FAILED, "failed"
         SKIPPED = states.SKIPPED, "skipped"
+        CANCELLED = states.CANCELLED, "cancelled"
 
     message_id = models.CharField(max_length=36, unique=True)
     actor_name = models.CharField(max_length=200, db_index=True)
@@ -49,6 +50,16 @@ class Job(models.Model):
     # Kept only for actors that ask for it (Django tasks): JSON, size-capped.
     return_value = models.JSONField(null=True, blank=True)
     skip_reason = models.CharField(max_length=200, blank=True, default="")
+    # Who asked to cancel the job and when (the admin, ``manage.py jobs cancel``).
+    # Nullable without a default, like retried_as: no table rebuild on SQLite.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=150, null=True, blank=True)  # noqa: DJ001
+    # What the job reported of its progress (jobs.runtime.progress). Not the
+    # ``progress`` column above: that one orders the ledger's writes.
+    progress_done = models.PositiveIntegerField(null=True, blank=True)
+    progress_total = models.PositiveIntegerField(null=True, blank=True)
+    progress_note = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    progress_at = models.DateTimeField(null=True, blank=True)
     # The retry sent for this failed job, claimed before it is sent, so two
     # operators (or a double click) retrying the same job send it once. NULL
     # rather than "": adding a nullable column without a default is cheap on a
@@ -69,7 +80,7 @@ class Job(models.Model):
         ordering = ("-id",)
         permissions = [
             ("retry_job", "Can retry failed jobs"),
-            ("cancel_job", "Can cancel waiting jobs"),
+            ("cancel_job", "Can cancel jobs"),
             ("pause_queue", "Can pause and resume queues"),
             ("run_periodic", "Can run periodic jobs now"),
         ]

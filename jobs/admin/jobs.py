@@ -20,6 +20,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 from django_dramatiq.models import Task
 
+from jobs.admin import job_controls
 from jobs.admin.dashboard import dashboard_context
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.safety import SafeModelAdmin
@@ -56,6 +57,7 @@ STATE_COLOURS = {
     "succeeded": "#15803d",
     "failed": "#b91c1c",
     "skipped": "#6b7280",
+    "cancelled": "#be185d",
 }
 
 
@@ -135,6 +137,7 @@ class JobAdmin(SafeModelAdmin):
         "attempts_display",
         "enqueued_at",
         "duration_display",
+        "progress_display",
     )
     list_display_links = ("message_id",)
     list_filter = (
@@ -177,9 +180,23 @@ class JobAdmin(SafeModelAdmin):
         "error_message",
         "failures",
         "skip_reason",
+        "progress_display",
+        "cancellation",
     )
     fieldsets = (
-        (None, {"fields": ("message_id", "state_coloured", "actor_name", "queue_name")}),
+        (
+            None,
+            {
+                "fields": (
+                    "message_id",
+                    "state_coloured",
+                    "actor_name",
+                    "queue_name",
+                    "progress_display",
+                    "cancellation",
+                )
+            },
+        ),
         (
             "Timing",
             {
@@ -229,6 +246,18 @@ class JobAdmin(SafeModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> HttpResponse:
         intake.catch_up(timeout=self.INTAKE_WAIT)
+        job = Job.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        if job is not None:
+            extra_context = {
+                **(extra_context or {}),
+                "can_cancel": (
+                    job_controls.can_cancel(job) and request.user.has_perm("jobs.cancel_job")
+                ),
+                "can_retry": (
+                    job_controls.can_retry(job) and request.user.has_perm("jobs.retry_job")
+                ),
+                "permanent_failure": job_controls.permanent_failure(job),
+            }
         return super().change_view(request, object_id, form_url, extra_context)
 
     # --- columns ------------------------------------------------------------
@@ -239,7 +268,18 @@ class JobAdmin(SafeModelAdmin):
 
     @admin.display(description="attempts")
     def attempts_display(self, job: Job) -> str:
+        if job_controls.permanent_failure(job):
+            # "1/3" would suggest two more tries: there will be none.
+            return f"{job.attempts} (failed for good, not retried)"
         return f"{job.attempts}/{job.max_attempts}"
+
+    @admin.display(description="progress")
+    def progress_display(self, job: Job) -> SafeString:
+        return job_controls.progress_bar(job)
+
+    @admin.display(description="cancel")
+    def cancellation(self, job: Job) -> str:
+        return job_controls.cancellation(job)
 
     @admin.display(description="duration", ordering="duration_ms")
     def duration_display(self, job: Job) -> str:
@@ -382,10 +422,17 @@ class JobAdmin(SafeModelAdmin):
                 messages.WARNING,
             )
 
-    @admin.action(description="Cancel selected waiting jobs", permissions=["cancel"])
+    @admin.action(description="Cancel selected jobs (waiting or running)", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        outcome = operations.cancel_jobs(queryset)
+        outcome = operations.cancel_jobs(queryset, by=request.user.get_username())
         self.message_user(request, f"Cancelled {outcome.done} waiting job(s).", messages.SUCCESS)
+        if outcome.requested:
+            self.message_user(
+                request,
+                f"Asked {outcome.requested} running job(s) to stop: each stops at its next "
+                "check, or by force after the grace period.",
+                messages.SUCCESS,
+            )
 
     @admin.action(description="Delete selected jobs", permissions=["delete"])
     def delete_selected_in_batches(
@@ -427,6 +474,20 @@ class JobAdmin(SafeModelAdmin):
                 name="jobs_schedules",
             ),
             path("workers/", self.admin_site.admin_view(workers_page(self)), name="jobs_workers"),
+            path(
+                "<int:object_id>/cancel/",
+                self.admin_site.admin_view(
+                    require_POST(lambda r, object_id: job_controls.cancel_one(self, r, object_id))
+                ),
+                name="jobs_job_cancel",
+            ),
+            path(
+                "<int:object_id>/retry/",
+                self.admin_site.admin_view(
+                    require_POST(lambda r, object_id: job_controls.retry_one(self, r, object_id))
+                ),
+                name="jobs_job_retry",
+            ),
             path(
                 "schedules/<str:actor_name>/run/",
                 self.admin_site.admin_view(require_POST(self.run_now_view)),

@@ -81,6 +81,21 @@ def cancel(message_ids: list[str]) -> None:
     pipe.execute()
 
 
+def cancelled_among(message_ids: list[str]) -> set[str]:
+    """Which of ``message_ids`` an operator cancelled: one round trip, O(ids)."""
+    if not message_ids:
+        return set()
+    pipe = redis_broker().client.pipeline(transaction=False)
+    for message_id in message_ids:
+        pipe.zscore(_key("cancelled"), message_id)
+    horizon = time.time() - CANCEL_TTL_SECONDS
+    return {
+        message_id
+        for message_id, score in zip(message_ids, pipe.execute(), strict=True)
+        if score is not None and score >= horizon
+    }
+
+
 @dataclass(frozen=True)
 class Controls:
     paused: frozenset[str]

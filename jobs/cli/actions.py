@@ -9,6 +9,7 @@ count has a higher id and is left alone.
 
 from __future__ import annotations
 
+import getpass
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +26,21 @@ from jobs.ledger.operations import Outcome
 from jobs.models import Job
 
 RETRY, CANCEL = "retry", "cancel"
-STATES = {RETRY: (states.FAILED,), CANCEL: (states.ENQUEUED, states.DELAYED)}
-NOUN = {RETRY: "failed job(s)", CANCEL: "waiting job(s)"}
+STATES = {RETRY: (states.FAILED,), CANCEL: (states.ENQUEUED, states.DELAYED, states.RUNNING)}
+NOUN = {RETRY: "failed job(s)", CANCEL: "waiting or running job(s)"}
+
+
+def _operator() -> str:
+    """Who cancelled, as the ledger records it: the account running the command."""
+    try:
+        return f"{getpass.getuser()} (manage.py jobs)"
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        return "manage.py jobs"
+
+
 _ACT: dict[str, Callable[[QuerySet[Job]], Outcome]] = {
     RETRY: operations.retry_jobs,
-    CANCEL: operations.cancel_jobs,
+    CANCEL: lambda queryset: operations.cancel_jobs(queryset, by=_operator()),
 }
 
 
@@ -44,7 +55,8 @@ class Run:
     not_retriable: int = 0  # message gone from Redis and arguments redacted, or actor gone
     permanent: int = 0  # failed for good, left alone without --include-permanent
     permanent_errors: list[str] = field(default_factory=list)
-    started: int = 0  # cancel: counted while waiting, running or ended by the time it acted
+    requested: int = 0  # cancel: running jobs asked to stop
+    started: int = 0  # cancel: counted while not ended, ended by the time it acted
     not_found: list[str] = field(default_factory=list)
     other_state: dict[str, str] = field(default_factory=dict)
     declined: bool = False
@@ -75,6 +87,7 @@ class Run:
         self.done += outcome.done
         self.already_retried += outcome.already
         self.not_retriable += outcome.skipped
+        self.requested += outcome.requested
 
     def document(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -92,6 +105,7 @@ class Run:
                 "permanent_errors": self.permanent_errors,
             }
         else:
+            document["requested_running"] = self.requested
             document["started_meanwhile"] = self.started
         return document | {
             "not_found": self.not_found,
@@ -126,8 +140,13 @@ class Run:
                 f"{self.permanent:,} failed for good ({', '.join(self.permanent_errors)}) and "
                 "would fail again: left alone; --include-permanent retries them too."
             )
+        if self.requested:
+            lines.append(
+                f"{self.requested:,} were running: asked to stop (within JOBS_CANCEL_GRACE_MS, "
+                "by force if they do not check); 'jobs status' shows them end."
+            )
         if self.started:
-            lines.append(f"{self.started:,} started or ended before the cancel reached them.")
+            lines.append(f"{self.started:,} ended before the cancel reached them (too late).")
         if self.interrupted:
             lines.append("Interrupted before the end: run it again for the rest.")
         if self.error:
@@ -181,7 +200,7 @@ def _progress(run: Run, processed: int, total: int) -> str:
             f"not retriable {run.not_retriable:,}"
         )
     else:
-        detail = f"cancelled {run.done:,}"
+        detail = f"cancelled {run.done:,}, asked to stop {run.requested:,}"
     return f"{run.action}: {processed:,}/{total:,} ({processed / total:.0%}): {detail}"
 
 
@@ -215,4 +234,4 @@ def perform(run: Run, queryset: QuerySet[Job], console: Console, *, batch: int) 
             # Counted while waiting, not cancelled: a worker took them since
             # (the walk no longer finds them, or cancel_jobs' conditional update
             # skipped them).
-            run.started = total - run.done
+            run.started = total - run.done - run.requested

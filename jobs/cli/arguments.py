@@ -40,9 +40,12 @@ examples:
   manage.py jobs retry --search auth.user:7 --dry-run
   manage.py jobs retry --all --yes --json""",
     "cancel": """\
-Cancel jobs still waiting (enqueued or delayed): workers skip them and the
-ledger shows them "skipped" (cancelled), as the admin's "Cancel" action.
-Running and finished jobs are left alone. Choose them by ids or by filters;
+Cancel jobs that have not ended, as the admin's "Cancel" action. Waiting ones
+(enqueued, delayed) are cancelled at once: workers skip them. Running ones are
+asked to stop: the job sees it at its next check (a checkpoint, a progress
+report, cancellation.check()) or is stopped by force after
+JOBS_CANCEL_GRACE_MS. Both end "cancelled", with who asked. Finished jobs are
+left alone (too late). Choose them by ids or by filters;
 with neither, --all is required. Counts the matches, then asks for
 confirmation unless --yes (without a terminal, --yes is required).
 
@@ -179,8 +182,9 @@ def add_subcommands(parser: CommandParser) -> None:
         action="store_true",
         help="also retry jobs that failed for good (PermanentJobError, InvalidPayload)",
     )
-    waiting = (states.ENQUEUED, states.DELAYED)
-    add("cancel", "cancel waiting jobs by id or filter", _acting(), _filters(states_=waiting))
+    live = (states.ENQUEUED, states.DELAYED, states.RUNNING)
+    summary = "cancel waiting or running jobs by id or filter"
+    add("cancel", summary, _acting(), _filters(states_=live))
     for verb, summary in ((PAUSE, "pause queues"), (RESUME, "resume paused queues")):
         add(verb, summary).add_argument(
             "queues", nargs="+", metavar="QUEUE", help="queue names, as 'jobs status' lists"

@@ -42,8 +42,10 @@ MIDDLEWARE: tuple[str, ...] = (
     "jobs.middleware.dedup.Dedup",
     # publishes outbox rows that could not be sent at commit (broker down)
     "jobs.middleware.outbox.OutboxRelay",
-    # last before the actor: arguments checked against its signature
+    # arguments checked against the actor's signature
     "jobs.middleware.payloads.Payloads",
+    # last: a cancelled job is stopped only while its own code runs; progress flushed
+    "jobs.middleware.running.RunningJobs",
 )
 
 # Fail fast on a dead Redis (the outbox keeps the message; a request must not

@@ -116,6 +116,19 @@ DEFAULTS: dict[str, Knob] = {
     "JOBS_CONTROL_REFRESH_MS": Knob(
         1_000, _MS, "How often workers re-read paused queues and cancelled jobs.", minimum=0
     ),
+    "JOBS_CANCEL_GRACE_MS": Knob(
+        10_000,
+        _MS,
+        "A running job asked to stop has this long to see it (``jobs.runtime.cancellation``) "
+        "before it is stopped by force.",
+        minimum=0,
+    ),
+    "JOBS_PROGRESS_INTERVAL_MS": Knob(
+        1_000,
+        _MS,
+        "At most one progress write per job in this time (``jobs.runtime.progress``).",
+        minimum=0,
+    ),
     "JOBS_PAUSE_RECHECK_MS": Knob(
         5_000, _MS, "How often a paused queue's messages come back to look.", minimum=10
     ),

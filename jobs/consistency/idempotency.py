@@ -40,7 +40,7 @@ from django.utils import timezone
 from dramatiq.middleware import CurrentMessage
 
 from jobs.broker import workers
-from jobs.errors import Deferred, TransientJobError
+from jobs.errors import Deferred, JobForceCancelled, TransientJobError
 from jobs.models import EffectRecord
 from jobs.observability.unavailable import is_outage
 
@@ -194,6 +194,12 @@ def run_once(
         return False
     try:
         effect()
+    except JobForceCancelled:
+        # Stopped from outside at any point of the effect: it may have run, so
+        # the claim stays (at-least-once never becomes twice). Once past its
+        # lease an operator sees it stuck (EffectStuck) and decides.
+        logger.warning("Effect %s stopped by a forced cancel: its claim is kept", key)
+        raise
     except BaseException:
         EffectRecord.objects.filter(key=key, claim_token=token).delete()
         raise

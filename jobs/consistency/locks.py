@@ -60,6 +60,7 @@ from jobs.consistency.connection import default_redis
 from jobs.errors import TransientJobError
 from jobs.observability import metrics
 from jobs.observability.flushing import PeriodicFlush
+from jobs.runtime import cancellation
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +311,9 @@ class RedisLock:
         return self._lost or time.monotonic() >= self.valid_until
 
     def check(self) -> None:
-        """Raise ``LockLost`` if the lock may no longer be ours."""
+        """Raise ``LockLost`` if the lock may no longer be ours (and ``JobCancelled``
+        if the job holding it was cancelled: a natural place to stop)."""
+        cancellation.check()
         if self.lost:
             raise LockLost(f"lock {self.name!r} was lost while held")
 
@@ -441,6 +444,7 @@ def _acquire(
         value = f"{token}@{time.time_ns() // 1_000_000}"
         if client.set(key, value, nx=True, px=ttl_ms):
             return value, attempt - started, attempt
+        cancellation.check()  # a job cancelled while it waits stops waiting
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             stats.add(timeouts=1)

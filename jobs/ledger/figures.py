@@ -97,7 +97,7 @@ def actor_figures(start: datetime, end: datetime | None = None) -> list[ActorFig
 # --- timelines (the dashboard's charts) ---------------------------------------
 
 # The chart series: "retried" are jobs that succeeded after a failed attempt.
-OUTCOMES = ("succeeded", "retried", "failed", "skipped")
+OUTCOMES = ("succeeded", "retried", "failed", "skipped", "cancelled")
 # Upper bounds of the duration classes, the same as jobs_duration_seconds', so
 # the admin's p95 and Grafana's histogram_quantile agree.
 BOUNDS_MS = tuple(int(bound * 1000) for bound in DURATION_BUCKETS)

@@ -34,6 +34,7 @@ class Outcome:
     done: int = 0
     skipped: int = 0
     already: int = 0  # retry only: jobs retried before (one retry per failed job)
+    requested: int = 0  # cancel only: running jobs asked to stop (they end "cancelled")
 
 
 def _batches(queryset: QuerySet[Job], *fields: str) -> Iterator[list[dict[str, Any]]]:
@@ -140,19 +141,35 @@ def _release(failed_id: str, retry_id: str) -> None:
     Job.objects.filter(message_id=failed_id, retried_as=retry_id).update(retried_as=None)
 
 
-def cancel_jobs(queryset: QuerySet[Job]) -> Outcome:
-    """Cancel jobs still waiting (enqueued or delayed): workers skip them."""
+def cancel_jobs(queryset: QuerySet[Job], *, by: str = "") -> Outcome:
+    """Cancel jobs that have not ended: waiting ones at once (workers skip them),
+    running ones by asking them to stop (``jobs.runtime.cancellation``).
+
+    ``done`` counts the waiting jobs cancelled, ``requested`` the running ones
+    asked to stop: the worker records them "cancelled" when they do. A job that
+    ended meanwhile is neither (too late; the caller counts it).
+    """
     outcome = Outcome()
-    waiting = queryset.filter(state__in=(states.ENQUEUED, states.DELAYED))
-    for rows in _batches(waiting, "message_id", "options"):
+    now = timezone.now()
+    who = by[:150] or None
+    waiting_states = (states.ENQUEUED, states.DELAYED)
+    live = queryset.filter(state__in=(*waiting_states, states.RUNNING))
+    for rows in _batches(live, "message_id", "options", "state"):
         ids = [row["message_id"] for row in rows]
         queues.cancel(ids)
-        outcome.done += Job.objects.filter(
-            message_id__in=ids, state__in=(states.ENQUEUED, states.DELAYED)
-        ).update(state=states.SKIPPED, skip_reason="cancelled", finished_at=timezone.now())
+        outcome.done += Job.objects.filter(message_id__in=ids, state__in=waiting_states).update(
+            state=states.CANCELLED,
+            skip_reason="cancelled",
+            finished_at=now,
+            cancel_requested_at=now,
+            cancelled_by=who,
+        )
         # progress is left as it was: a worker that picked the message up before
         # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
-        # and one that skips it records the final "skipped".
+        # and one that skips it records the final "cancelled".
+        outcome.requested += Job.objects.filter(
+            message_id__in=ids, state=states.RUNNING, cancel_requested_at__isnull=True
+        ).update(cancel_requested_at=now, cancelled_by=who)
         _free_dedup_keys(rows)
     return outcome
 
@@ -173,7 +190,7 @@ def _free_dedup_keys(rows: list[dict[str, Any]]) -> None:
     if not keys:
         return
     cancelled = Job.objects.filter(
-        message_id__in=list(keys), state=states.SKIPPED, skip_reason="cancelled"
+        message_id__in=list(keys), state=states.CANCELLED, skip_reason="cancelled"
     ).values_list("message_id", flat=True)
     for message_id in cancelled:
         dedup.clear(keys[message_id], message_id)

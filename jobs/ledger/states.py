@@ -8,5 +8,6 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 SKIPPED = "skipped"
+CANCELLED = "cancelled"
 
-TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, SKIPPED})
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, SKIPPED, CANCELLED})

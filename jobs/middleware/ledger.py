@@ -22,7 +22,7 @@ from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
 from jobs.conf import jobs_settings
-from jobs.errors import DEFERRALS, is_deferral
+from jobs.errors import DEFERRALS, is_cancel, is_deferral
 from jobs.ledger import states
 from jobs.ledger import writer as ledger
 from jobs.ledger.intake import Drainer, is_first_send
@@ -299,6 +299,20 @@ class Ledger(dramatiq.Middleware):
             )
             return
         errors = _error_fields(message, exception)
+        if is_cancel(exception):
+            # Stopped by an operator: its own state, and no failed attempt.
+            _record_before_ack(
+                broker,
+                Event(
+                    message.message_id,
+                    states.CANCELLED,
+                    TERMINAL,
+                    create,
+                    {**timing, **errors},
+                    subjects=subjects,
+                ),
+            )
+            return
         failure = {
             "number": number,
             "started_at": started_at,
@@ -337,7 +351,7 @@ class Ledger(dramatiq.Middleware):
             broker,
             Event(
                 message.message_id,
-                states.SKIPPED,
+                states.CANCELLED if reason == "cancelled" else states.SKIPPED,
                 TERMINAL,
                 _create_fields(broker, message),
                 {"finished_at": _now(), "skip_reason": reason},

@@ -24,7 +24,7 @@ from dramatiq.common import q_name
 
 from jobs.broker.pulse import pulse
 from jobs.broker.workers import Heartbeat
-from jobs.errors import is_deferral
+from jobs.errors import is_cancel, is_deferral
 from jobs.middleware.control import PAUSE_REQUEUES
 from jobs.observability import metrics
 from jobs.observability.deferred import writes
@@ -93,6 +93,8 @@ class Metrics(dramatiq.Middleware):
             writes.observe(children.duration, time.perf_counter() - started)
         if exception is None:
             writes.add(children.succeeded)
+        elif is_cancel(exception):
+            writes.add(children.cancelled)
         elif message.failed:
             writes.add(children.failed)
         else:
@@ -105,7 +107,9 @@ class Metrics(dramatiq.Middleware):
             self._started.pop(message.message_id)
             writes.add(self._of(message).in_progress, -1)
         if not message.options.get("paused_requeue"):
-            writes.add(metrics.JOBS.labels(*labels, "skipped"))
+            # A waiting job cancelled by an operator is "cancelled", as in the ledger.
+            cancelled = message.options.get("skip_reason") == "cancelled"
+            writes.add(metrics.JOBS.labels(*labels, "cancelled" if cancelled else "skipped"))
 
     def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # One heartbeat per process (it beats for the broker id), however many
@@ -143,6 +147,7 @@ class _Children:
         self.succeeded = metrics.JOBS.labels(actor, queue, "succeeded")
         self.failed = metrics.JOBS.labels(actor, queue, "failed")
         self.retried = metrics.JOBS.labels(actor, queue, "retried")
+        self.cancelled = metrics.JOBS.labels(actor, queue, "cancelled")
 
 
 _exit_hook_registered = False

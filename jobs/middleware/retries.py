@@ -42,7 +42,7 @@ from dramatiq.middleware import retries as stock
 from jobs.broker import replication
 from jobs.broker.acks import GIVE_BACK, give_back_token
 from jobs.conf import jobs_settings
-from jobs.errors import DEFERRALS, is_deferral, is_permanent
+from jobs.errors import DEFERRALS, is_cancel, is_deferral, is_permanent
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,11 @@ class Retries(stock.Retries):
         exception: BaseException | None = None,
     ) -> None:
         if exception is None:
+            return
+        if is_cancel(exception):
+            # An operator stopped it: not a failure to try again.
+            self.logger.info("Message %r cancelled while running.", message.message_id)
+            message.fail()
             return
         try:
             # The retry is confirmed by a replica, as the outbox's messages are:

@@ -35,7 +35,7 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
-OUTCOMES = ("succeeded", "failed", "retried", "skipped")
+OUTCOMES = ("succeeded", "failed", "retried", "skipped", "cancelled")
 JOBS = Counter("jobs_processed_total", "Jobs finished, by outcome", ["actor", "queue", "outcome"])
 RETRIES = Counter("jobs_retries_total", "Failed attempts that will be retried", ["actor", "queue"])
 DEFERRED = Counter(
@@ -45,6 +45,12 @@ DEFERRED = Counter(
 )
 IN_PROGRESS = Gauge(
     "jobs_in_progress", "Jobs running now", ["actor", "queue"], multiprocess_mode="livesum"
+)
+PROGRESS = Gauge(
+    "jobs_progress_ratio",
+    "Share done (0-1) in the latest progress report of a job of this actor",
+    ["actor", "queue"],
+    multiprocess_mode="livemostrecent",
 )
 DURATION = Histogram(
     "jobs_duration_seconds", "Time of one attempt", ["actor", "queue"], buckets=DURATION_BUCKETS

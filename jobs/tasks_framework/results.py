@@ -43,6 +43,8 @@ STATUS = {
     states.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     states.FAILED: TaskResultStatus.FAILED,
     states.SKIPPED: TaskResultStatus.FAILED,
+    # Django's Tasks API has no "cancelled" status: a failure whose error says so.
+    states.CANCELLED: TaskResultStatus.FAILED,
 }
 
 
@@ -150,6 +152,16 @@ def _attempts(job: Job) -> tuple[list[str], list[TaskError], list[datetime]]:
     errors = [error_of(f) for f in failures]
     if job.attempts > len(failures) and job.started_at is not None:
         worker_ids.append(worker_id(job.worker_host, job.worker_pid))  # the last attempt
+    if job.state == states.CANCELLED and job.started_at is None:
+        path = f"{TaskSkipped.__module__}.{TaskSkipped.__qualname__}"
+        errors.append(TaskError(exception_class_path=path, traceback="Cancelled before it ran"))
+    elif job.state == states.CANCELLED:
+        errors.append(
+            TaskError(
+                exception_class_path=job.error_class_path or "jobs.errors.JobCancelled",
+                traceback=job.traceback or "Cancelled while running",
+            )
+        )
     if job.state == states.SKIPPED:
         reason = job.skip_reason or "skipped"
         path = f"{TaskSkipped.__module__}.{TaskSkipped.__qualname__}"

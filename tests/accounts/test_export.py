@@ -63,6 +63,7 @@ def test_it_exports_a_user_and_serves_the_result_to_them(
     waiting = client.get(location).json()["data"]
     assert waiting["status"] == "READY"
     assert "result" not in waiting
+    assert "progress" not in waiting  # none reported yet
 
     run_exports(broker)
     done = client.get(location).json()["data"]
@@ -73,6 +74,8 @@ def test_it_exports_a_user_and_serves_the_result_to_them(
     assert done["result"]["email"] == "ada@example.com"
     assert done["result"]["first_name"] == "Ada"
     assert done["enqueued_at"] <= done["started_at"] <= done["finished_at"]
+    # The export reports its steps (jobs.runtime.progress): the last one stays.
+    assert done["progress"] == {"done": 2, "total": 2, "note": "done"}
 
 
 def test_no_one_else_reads_the_result(broker: dramatiq.Broker, ada: User, bob: User) -> None:

@@ -144,7 +144,7 @@ class Command(BaseCommand):
         target = selection.describe()
         if action == RETRY:
             target["include_permanent"] = options["include_permanent"]
-        counted = run.matched if run.dry_run or run.declined else run.done
+        counted = run.matched if run.dry_run or run.declined else run.done + run.requested
         audit(action, target=target, count=counted, outcome=run.outcome)
         if run.error:
             return EXIT_UNAVAILABLE

@@ -76,7 +76,8 @@ def test_the_list_shows_state_actor_queue_attempts_and_duration(
     assert "job-state" in html
     assert ">failed<" in html
     assert "fragile" in html
-    assert "1/1" in html
+    # A PermanentJobError: not "1/1", which would read as if tries could remain.
+    assert "1 (failed for good, not retried)" in html
 
 
 def test_filters_and_search_narrow_the_list(staff: Client, failed_job: Job) -> None:
@@ -153,7 +154,8 @@ def test_cancel_skips_waiting_jobs(staff: Client, broker: dramatiq.Broker) -> No
     run_queue(broker)
 
     job.refresh_from_db()
-    assert (job.state, job.skip_reason) == ("skipped", "cancelled")
+    assert (job.state, job.skip_reason) == ("cancelled", "cancelled")
+    assert job.cancelled_by == "root"  # who asked
     assert job.attempts == 0  # it never ran
 
 

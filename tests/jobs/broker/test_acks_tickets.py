@@ -68,6 +68,6 @@ def test_skips_retries_and_deferrals_leave_nothing_held(broker, settings):
             message_id__in=[m.message_id for m in (cancelled, old, *normal, *failing, *deferring)]
         ).values_list("message_id", "state")
     )
-    assert states[cancelled.message_id] == "skipped"
+    assert states[cancelled.message_id] == "cancelled"
     assert states[old.message_id] == "skipped"
     assert {states[m.message_id] for m in (*normal, *failing, *deferring)} == {"succeeded"}

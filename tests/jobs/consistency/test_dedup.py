@@ -141,7 +141,7 @@ def test_it_accepts_a_unique_job_again_once_the_waiting_one_is_cancelled(
     assert second is not None  # not refused for the hour of JOBS_DEDUP_TTL_MS
     run_queue(broker)
     assert runs["cancelled"] == 1
-    assert Job.objects.get(message_id=first.message_id).state == "skipped"
+    assert Job.objects.get(message_id=first.message_id).state == "cancelled"
     assert Job.objects.get(message_id=second.message_id).state == "succeeded"
 
 

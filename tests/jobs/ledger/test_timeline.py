@@ -74,7 +74,7 @@ def test_it_counts_jobs_finished_in_the_last_hour_and_day_by_outcome(
     # When the timelines are read
     hour, day = timeline(LAST_HOUR), timeline(LAST_DAY)
     # Then every job is in the current bucket under its outcome
-    expected = {"succeeded": 4, "retried": 3, "failed": 2, "skipped": 0}
+    expected = {"succeeded": 4, "retried": 3, "failed": 2, "skipped": 0, "cancelled": 0}
     assert hour.totals == expected
     assert day.totals == expected
     assert hour.outcomes["failed"][-1] == 2

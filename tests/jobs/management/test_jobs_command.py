@@ -414,7 +414,7 @@ def test_cancel_by_filter_makes_workers_skip_exactly_those(
     run_queue(broker)
     for message in doomed:
         job = Job.objects.get(message_id=message.message_id)
-        assert (job.state, job.skip_reason, job.attempts) == ("skipped", "cancelled", 0)
+        assert (job.state, job.skip_reason, job.attempts) == ("cancelled", "cancelled", 0)
     assert Job.objects.get(message_id=kept.message_id).state == "succeeded"
 
 
@@ -427,7 +427,7 @@ def test_cancel_by_state_leaves_the_other_waiting_jobs(broker: dramatiq.Broker) 
 
     assert (result.code, result.json()["done"]) == (0, 1)
     states = dict(Job.objects.values_list("message_id", "state"))
-    assert (states[later.message_id], states[now.message_id]) == ("skipped", "enqueued")
+    assert (states[later.message_id], states[now.message_id]) == ("cancelled", "enqueued")
     assert later.message_id in queues.controls().cancelled
     assert now.message_id not in queues.controls().cancelled
 
@@ -595,4 +595,4 @@ def test_exit_statuses_from_a_real_process(test_database_url: str) -> None:
 
     nothing = manage("cancel", "--all", "--yes", database_url=test_database_url)
     assert nothing.returncode == 1
-    assert "Nothing to cancel: no waiting job(s) match (no filter)." in nothing.stdout
+    assert "Nothing to cancel: no waiting or running job(s) match (no filter)." in nothing.stdout
