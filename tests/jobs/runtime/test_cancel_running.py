@@ -32,7 +32,7 @@ def _started() -> None:
     started.add(message.message_id)
 
 
-@dramatiq.actor(queue_name=QUEUE, max_retries=3)
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, actor_name="cancel_cooperative")
 def cooperative(seconds: float) -> None:
     _started()
     deadline = time.monotonic() + seconds
@@ -41,7 +41,7 @@ def cooperative(seconds: float) -> None:
         cancellation.check()
 
 
-@dramatiq.actor(queue_name=QUEUE, max_retries=3)
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, actor_name="cancel_stubborn")
 def stubborn(seconds: float) -> None:
     """Never checks: only a forced stop ends it early."""
     _started()
@@ -50,7 +50,7 @@ def stubborn(seconds: float) -> None:
         time.sleep(0.01)  # short: a forced stop lands between bytecodes
 
 
-@dramatiq.actor(queue_name=QUEUE, max_retries=3)
+@dramatiq.actor(queue_name=QUEUE, max_retries=3, actor_name="cancel_effect_job")
 def effect_job(key: str, seconds: float, checks: bool) -> None:
     def effect() -> None:
         _started()
@@ -63,7 +63,7 @@ def effect_job(key: str, seconds: float, checks: bool) -> None:
     run_once(key, effect)
 
 
-@dramatiq.actor(queue_name=QUEUE)
+@dramatiq.actor(queue_name=QUEUE, actor_name="cancel_quick")
 def quick() -> None:
     ticks["quick"] = ticks.get("quick", 0) + 1
 

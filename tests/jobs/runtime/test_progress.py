@@ -21,7 +21,7 @@ QUEUE = "progress-test"
 seen: dict[str, Any] = {}
 
 
-@dramatiq.actor(queue_name=QUEUE)
+@dramatiq.actor(queue_name=QUEUE, actor_name="progress_tight_loop")
 def tight_loop(items: int) -> None:
     writes = []
 
@@ -36,7 +36,13 @@ def tight_loop(items: int) -> None:
     seen["writes"] = len(writes)
 
 
-@dramatiq.actor(queue_name=QUEUE, max_retries=2, min_backoff=10, max_backoff=20)
+@dramatiq.actor(
+    queue_name=QUEUE,
+    max_retries=2,
+    min_backoff=10,
+    max_backoff=20,
+    actor_name="progress_three_steps",
+)
 def three_steps() -> None:
     message = dramatiq.middleware.CurrentMessage.get_current_message()
     assert message is not None
