@@ -43,7 +43,8 @@ def plan(*, keep_failed: int, keep_succeeded_days: int) -> PrunePlan:
     )
     old_failed_q = Q(state=states.FAILED, id__lte=cutoff[0]) if cutoff else None
     horizon = timezone.now() - timedelta(days=keep_succeeded_days)
-    old_finished_q = Q(state__in=(states.SUCCEEDED, states.SKIPPED), finished_at__lt=horizon)
+    ended = (states.SUCCEEDED, states.SKIPPED, states.CANCELLED)
+    old_finished_q = Q(state__in=ended, finished_at__lt=horizon)
     pruned_q = old_finished_q | old_failed_q if old_failed_q is not None else old_finished_q
     # NOT EXISTS on the unique message_id: an anti-join, not a NOT IN list of every job.
     kept_job = Job.objects.filter(message_id=OuterRef("message_id")).exclude(pruned_q)

@@ -48,6 +48,7 @@ def test_it_keeps_exactly_the_configured_number_of_newest_failed_jobs() -> None:
 def test_it_deletes_succeeded_jobs_older_than_the_horizon() -> None:
     make_jobs("succeeded", 5, age=timedelta(days=8))
     make_jobs("skipped", 2, age=timedelta(days=9))
+    make_jobs("cancelled", 2, age=timedelta(days=9))  # ended too: pruned like a success
     make_jobs("succeeded", 3, age=timedelta(days=1))
     make_jobs("running", 2, age=timedelta(days=30))
 

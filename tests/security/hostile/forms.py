@@ -224,6 +224,9 @@ def admin_posts(c: Corpus) -> None:
         post(f"queue control {queue[:20]!r} {verb!r}", path, [])
     for actor in ("nope", "x" * 300, "%2e%2e", "%00"):
         post(f"run now {actor[:20]!r}", f"/admin/jobs/job/schedules/{actor}/run/", [])
+    for pk in ("1", "0", "99999999999999999999", "-1", "abc"):
+        for verb in ("cancel", "retry"):
+            post(f"{verb} job {pk!r}", f"/admin/jobs/job/{pk}/{verb}/", [])
     for user_id in ("{staff_id}", "0", "99999999999999999999"):
         c.add(
             "admin-forms",

@@ -49,6 +49,8 @@ URLS = [
     "/admin/jobs/job/workers/",
     "/admin/jobs/job/schedules/nope/run/",
     "/admin/jobs/job/dashboard/queue/default/pause/",
+    "/admin/jobs/job/1/cancel/",
+    "/admin/jobs/job/1/retry/",
 ]
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "FOO"]
 ODD_METHODS = ["PROPFIND", "get", "M" * 40, "G\u00c9T", "GET\x00"]
