@@ -24,9 +24,13 @@ late, twice, or from several processes in any order without moving a job
 backwards; a deferral (a rate limit) moves the job on to "delayed" without
 starting a new attempt. A batch's rows are written in message-id order, so two
 writers never take row locks in opposite orders; a batch that still loses a
-deadlock (or a lock timeout) is written again, and one that fails for another
-reason is written job by job. A failing write is logged and counted, never
-raised: the ledger must not break the job it records.
+deadlock (or a lock timeout) is written again. A batch the database refuses for a
+reason of its own (unreachable, read-only, a statement timeout, a full disk, a
+lock held too long) is kept with its acks and written again later: its jobs are
+never acked unrecorded. Only a batch refused for its events' values (integrity
+and data errors, SQLSTATE classes 23 and 22) is written job by job, and only
+the jobs whose own events are refused are given up: logged and counted, never
+raised, since the ledger must not break the job it records.
 """
 
 from __future__ import annotations
@@ -42,14 +46,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    connection,
+    connections,
+    transaction,
+)
 
 from jobs.conf import jobs_settings
 from jobs.ledger.states import RUNNING
 from jobs.ledger.storable import storable, storable_columns
 from jobs.ledger.upsert import annotate, batch_cursor, insert_references, upsert
 from jobs.observability import metrics
-from jobs.observability.unavailable import is_outage
 
 logger = logging.getLogger(__name__)
 
@@ -289,14 +300,29 @@ OUTAGE_WAITS = (0.5, 5.0)
 
 
 class DatabaseUnreachable(Exception):
-    """The database could not be reached: a batch kept for later, not given up."""
+    """The database could not take the write now (unreachable, or refusing
+    writes for a reason that is not in the events): kept for later, not given up."""
+
+
+def caused_by_events(exc: BaseException) -> bool:
+    """Whether the write failed because of the events' own values.
+
+    Integrity and data errors (a CHECK or NOT NULL broken, a value out of
+    range, a NUL in text on PostgreSQL: SQLSTATE classes 23 and 22), or an error
+    raised before the database saw the values (an int too large for SQLite).
+    Anything else the database says (read-only 25006, statement timeout 57014,
+    disk full, a lock held past the busy timeout, a missing table) is about the
+    database, and writing the same events later will work.
+    """
+    if isinstance(exc, IntegrityError | DataError):
+        return True
+    return not isinstance(exc, DatabaseError)
 
 
 # The writer thread reconnects this often, so a database moved behind a proxy or
 # DNS name is followed (errors reconnect at once).
 CONNECTION_MAX_AGE = 60.0
 RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4)  # seconds before each new try, before jitter
-GIVE_UP_AFTER = 3  # first job-by-job writes all failing: the cause is not in the events
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -335,19 +361,22 @@ def _lost(jobs: int, message: str, *args: object, exc_info: bool = True) -> None
 
 
 def _write_safely(events: list[Event], *, outage_raises: bool = False) -> None:
-    """Write ``events``; if the batch cannot be written, each job's events on their own.
+    """Write ``events``; if the batch is refused for its values, each job's on its own.
 
     One job's bad event (a value the database refuses) must not lose the other
-    jobs' events of its batch, so a failed batch is split by job. If the first
-    few jobs all fail too, the cause is not in the events (the database is
-    down, a table is missing): the rest is given up without a try each.
+    jobs' events of its batch, so such a batch is split by job, every job
+    tried. With ``outage_raises``, a refusal that is not about the values
+    (``caused_by_events``) raises ``DatabaseUnreachable`` at any point, the
+    batch or one job: the caller keeps the whole batch and its acks, and writes
+    it again later (the jobs written meanwhile are written again: an event
+    applies once, whatever the repeats).
     """
     try:
         _write_retrying(events)
         return
     except Exception as exc:
-        if outage_raises and is_outage(exc):
-            raise DatabaseUnreachable(str(exc)) from exc
+        if outage_raises and not caused_by_events(exc):
+            raise DatabaseUnreachable(_first_line(exc)) from exc
         by_job: dict[str, list[Event]] = {}
         for event in events:
             by_job.setdefault(event.message_id, []).append(event)
@@ -365,27 +394,25 @@ def _write_safely(events: list[Event], *, outage_raises: bool = False) -> None:
             len(by_job),
             exc_info=True,
         )
-    written = failed = 0
     for message_id, own in by_job.items():
-        if not written and failed >= GIVE_UP_AFTER:
-            left = len(by_job) - failed
-            _lost(
-                left, "Job ledger write failed for %d more job(s), not tried", left, exc_info=False
-            )
-            return
         try:
             _write_retrying(own)
-            written += 1
-        except Exception:
-            failed += 1
+        except Exception as exc:
+            # A broken connection is reopened for the next try, not reused.
+            connection.close_if_unusable_or_obsolete()
+            if outage_raises and not caused_by_events(exc):
+                raise DatabaseUnreachable(_first_line(exc)) from exc
             _lost(
                 1,
                 "Job ledger write failed for job %s; %d event(s) not recorded",
                 message_id,
                 len(own),
             )
-            # A broken connection is reopened for the next job, not reused.
-            connection.close_if_unusable_or_obsolete()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # Runs the acks (or any step) held until their events were written: called once
@@ -585,7 +612,8 @@ class BatchWriter:
                 self._put_back(taken)
                 connection.close()
                 logger.warning(
-                    "Job ledger: database unreachable, %d event(s) kept; next try in %.1f s: %s",
+                    "Job ledger: database unreachable or refusing writes, %d event(s) kept; "
+                    "next try in %.1f s: %s",
                     len(taken),
                     outage_wait,
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
