@@ -33,10 +33,11 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from jobs.observability import outages
+        from jobs.observability import cancelled_logs, outages
 
         # Logging is configured by now (Django's LOGGING, or Dramatiq's in a worker).
         outages.install()
+        cancelled_logs.install()
         if apps.is_installed("django.contrib.admin"):
             from jobs.admin.jobs import hide_stock_task_admin
 

@@ -56,8 +56,8 @@ class Job(models.Model):
     cancelled_by = models.CharField(max_length=150, null=True, blank=True)  # noqa: DJ001
     # What the job reported of its progress (jobs.runtime.progress). Not the
     # ``progress`` column above: that one orders the ledger's writes.
-    progress_done = models.PositiveIntegerField(null=True, blank=True)
-    progress_total = models.PositiveIntegerField(null=True, blank=True)
+    progress_done = models.PositiveBigIntegerField(null=True, blank=True)
+    progress_total = models.PositiveBigIntegerField(null=True, blank=True)
     progress_note = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     progress_at = models.DateTimeField(null=True, blank=True)
     # The retry sent for this failed job, claimed before it is sent, so two

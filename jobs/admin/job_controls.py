@@ -50,6 +50,10 @@ def cancellation(job: Job) -> str:
     if job.state == states.RUNNING:
         waited = (timezone.now() - job.cancel_requested_at).total_seconds()
         return f"{asked}; the job is stopping ({waited:.0f} s so far)"
+    if job.state in (states.ENQUEUED, states.DELAYED):
+        # It failed (or was put back) before it saw the cancel: its next
+        # delivery is skipped.
+        return f"{asked}; it will be skipped when it comes due"
     return f"{asked}; too late: the job had already {job.state}"
 
 
@@ -82,6 +86,8 @@ def cancel_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> 
             "the grace period. This page shows when it has.",
             messages.SUCCESS,
         )
+    elif outcome.already:
+        admin.message_user(request, "Already asked to stop: the job is stopping.", messages.WARNING)
     else:
         job.refresh_from_db()
         admin.message_user(

@@ -433,6 +433,12 @@ class JobAdmin(SafeModelAdmin):
                 "check, or by force after the grace period.",
                 messages.SUCCESS,
             )
+        if outcome.already:
+            self.message_user(
+                request,
+                f"{outcome.already} running job(s) were already asked to stop.",
+                messages.WARNING,
+            )
 
     @admin.action(description="Delete selected jobs", permissions=["delete"])
     def delete_selected_in_batches(

@@ -56,6 +56,7 @@ class Run:
     permanent: int = 0  # failed for good, left alone without --include-permanent
     permanent_errors: list[str] = field(default_factory=list)
     requested: int = 0  # cancel: running jobs asked to stop
+    already_requested: int = 0  # cancel: running jobs asked to stop before
     started: int = 0  # cancel: counted while not ended, ended by the time it acted
     not_found: list[str] = field(default_factory=list)
     other_state: dict[str, str] = field(default_factory=dict)
@@ -70,7 +71,10 @@ class Run:
         if self.dry_run:
             return asked_well
         stopped = self.interrupted or self.error
-        return asked_well and self.done == self.matched and not stopped
+        # A running job asked to stop (now or before) counts as done: the
+        # worker ends it (jobs.runtime.cancellation).
+        acted = self.done + self.requested + self.already_requested
+        return asked_well and acted == self.matched and not stopped
 
     @property
     def outcome(self) -> str:
@@ -85,7 +89,10 @@ class Run:
 
     def add(self, outcome: Outcome) -> None:
         self.done += outcome.done
-        self.already_retried += outcome.already
+        if self.action == RETRY:
+            self.already_retried += outcome.already
+        else:
+            self.already_requested += outcome.already
         self.not_retriable += outcome.skipped
         self.requested += outcome.requested
 
@@ -106,6 +113,7 @@ class Run:
             }
         else:
             document["requested_running"] = self.requested
+            document["already_requested"] = self.already_requested
             document["started_meanwhile"] = self.started
         return document | {
             "not_found": self.not_found,
@@ -144,6 +152,11 @@ class Run:
             lines.append(
                 f"{self.requested:,} were running: asked to stop (within JOBS_CANCEL_GRACE_MS, "
                 "by force if they do not check); 'jobs status' shows them end."
+            )
+        if self.already_requested:
+            lines.append(
+                f"{self.already_requested:,} running job(s) were already asked to stop: "
+                "not asked again."
             )
         if self.started:
             lines.append(f"{self.started:,} ended before the cancel reached them (too late).")
@@ -234,4 +247,4 @@ def perform(run: Run, queryset: QuerySet[Job], console: Console, *, batch: int) 
             # Counted while waiting, not cancelled: a worker took them since
             # (the walk no longer finds them, or cancel_jobs' conditional update
             # skipped them).
-            run.started = total - run.done - run.requested
+            run.started = total - run.done - run.requested - run.already_requested

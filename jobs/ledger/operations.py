@@ -33,7 +33,9 @@ _DELIVERY_OPTIONS = DELIVERY_OPTIONS | {"retry_of", "scheduled_at"}
 class Outcome:
     done: int = 0
     skipped: int = 0
-    already: int = 0  # retry only: jobs retried before (one retry per failed job)
+    # retry: jobs retried before (one retry per failed job); cancel: running
+    # jobs asked to stop before
+    already: int = 0
     requested: int = 0  # cancel only: running jobs asked to stop (they end "cancelled")
 
 
@@ -167,9 +169,13 @@ def cancel_jobs(queryset: QuerySet[Job], *, by: str = "") -> Outcome:
         # progress is left as it was: a worker that picked the message up before
         # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
         # and one that skips it records the final "cancelled".
-        outcome.requested += Job.objects.filter(
-            message_id__in=ids, state=states.RUNNING, cancel_requested_at__isnull=True
-        ).update(cancel_requested_at=now, cancelled_by=who)
+        running = Job.objects.filter(message_id__in=ids, state=states.RUNNING)
+        asked = running.filter(cancel_requested_at__isnull=True).update(
+            cancel_requested_at=now, cancelled_by=who
+        )
+        outcome.requested += asked
+        # Asked before (a double click, a second operator): still stopping.
+        outcome.already += running.count() - asked
         _free_dedup_keys(rows)
     return outcome
 

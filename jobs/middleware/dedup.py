@@ -15,6 +15,7 @@ import dramatiq
 from dramatiq.broker import MessageProxy
 
 from jobs.consistency import dedup
+from jobs.errors import is_cancel
 
 
 class Dedup(dramatiq.Middleware):
@@ -26,7 +27,8 @@ class Dedup(dramatiq.Middleware):
         result: object = None,
         exception: BaseException | None = None,
     ) -> None:
-        if exception is None and not message.failed:
+        # A job cancelled while running is acked, not nacked: finished too.
+        if (exception is None or is_cancel(exception)) and not message.failed:
             self._clear(message)
 
     def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:

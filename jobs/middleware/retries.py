@@ -67,9 +67,9 @@ class Retries(stock.Retries):
         if exception is None:
             return
         if is_cancel(exception):
-            # An operator stopped it: not a failure to try again.
+            # An operator stopped it: not a failure to try again, and not one
+            # to dead-letter either (acked; the ledger records "cancelled").
             self.logger.info("Message %r cancelled while running.", message.message_id)
-            message.fail()
             return
         try:
             # The retry is confirmed by a replica, as the outbox's messages are:

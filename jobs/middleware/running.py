@@ -2,12 +2,14 @@
 their last progress report is written when they end.
 
 Last in ``DRAMATIQ_BROKER["MIDDLEWARE"]``: its before hook runs just before the
-actor and its after hook first after it, so a forced stop can only be raised
-while the job's own code runs, never into another middleware's hook.
+actor and its after hook first after it. Every actor's function is wrapped
+(``cancellation.guarded``) so that the job ends in its own frame: a forced stop
+set as the job ends lands inside its call, or is withdrawn, never in a hook.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -15,14 +17,20 @@ import dramatiq
 from django import db
 from dramatiq.broker import Broker, MessageProxy
 
-from jobs.errors import JobForceCancelled
+from jobs.errors import JobCancelled, JobForceCancelled
 from jobs.runtime import progress
-from jobs.runtime.cancellation import registry
+from jobs.runtime.cancellation import guarded, registry
 
 logger = logging.getLogger(__name__)
 
 
 class RunningJobs(dramatiq.Middleware):
+    def after_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        # The job ends in its own frame (cancellation.guarded), so a forced
+        # stop can never land after its code is done.
+        if not getattr(actor.fn, "cancellation_guarded", False):
+            actor.fn = guarded(actor.fn)
+
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
         registry.enter(message.message_id)
 
@@ -34,7 +42,10 @@ class RunningJobs(dramatiq.Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        running = registry.leave(exception)  # first: no forced stop can land after this
+        try:
+            running = registry.leave()
+        except JobCancelled:  # a last guard: a stop must never escape into the worker
+            running = None
         if isinstance(exception, JobForceCancelled):
             # Stopped wherever it was, maybe inside a query or a transaction:
             # its connections are not trusted for the next job. (A Redis
@@ -47,4 +58,5 @@ class RunningJobs(dramatiq.Middleware):
                 logger.warning("Last progress report of %s not written", message.message_id)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
-        registry.leave(None)
+        with contextlib.suppress(JobCancelled):
+            registry.leave()

@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='progress_done',
-            field=models.PositiveIntegerField(blank=True, null=True),
+            field=models.PositiveBigIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name='job',
@@ -42,7 +42,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='job',
             name='progress_total',
-            field=models.PositiveIntegerField(blank=True, null=True),
+            field=models.PositiveBigIntegerField(blank=True, null=True),
         ),
         migrations.AlterField(
             model_name='job',

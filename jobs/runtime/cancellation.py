@@ -24,10 +24,13 @@ skipped by ``jobs.middleware.control`` and recorded "cancelled" as well.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from dramatiq.middleware import raise_thread_exception
 
@@ -35,6 +38,8 @@ from jobs.conf import jobs_settings
 from jobs.errors import JobCancelled, JobForceCancelled
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass
@@ -44,6 +49,10 @@ class Running:
     message_id: str
     thread_id: int
     cancelled_at: float | None = None  # monotonic, when this process saw the cancel
+    # Set under the registry's mutex. A job is forced only while neither of
+    # these is set, so a forced stop never lands once its code is done.
+    stopping: bool = False  # its own check() raised JobCancelled: it is unwinding
+    ended: bool = False  # its function returned or raised
     forced: bool = False
     progress: object = None  # jobs.runtime.progress's throttle state
 
@@ -53,8 +62,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._by_thread: dict[int, Running] = {}
-        # Held while a job is forced and while its thread leaves the registry:
-        # an exception is never raised into a thread that has moved on.
+        # Held while a job is forced and while it ends: an exception is never
+        # raised into a thread whose job has ended.
         self._mutex = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -65,14 +74,34 @@ class Registry:
             self._by_thread[thread_id] = Running(message_id, thread_id)
         self._ensure_watcher()
 
-    def leave(self, exception: BaseException | None) -> Running | None:
-        """Take this thread's job out; undo a forced stop that has not landed yet."""
+    def end(self) -> None:
+        """Called in the job's own frame as its function returns or raises
+        (``guarded``): from here on it is never forced. A forced stop set just
+        before lands here, still inside the job's call, or is withdrawn."""
+        thread_id = threading.get_ident()
+        with self._mutex:
+            running = self._by_thread.get(thread_id)
+            if running is None or running.ended:
+                return
+            running.ended = True
+            if running.forced:
+                _clear_pending_exception(thread_id)
+
+    def stop_cooperatively(self) -> None:
+        """This thread's job saw its cancel and raises: no force needed any more."""
+        with self._mutex:
+            running = self._by_thread.get(threading.get_ident())
+            if running is not None:
+                running.stopping = True
+
+    def leave(self) -> Running | None:
+        """Take this thread's job out (its after hooks run)."""
         thread_id = threading.get_ident()
         with self._mutex:
             running = self._by_thread.pop(thread_id, None)
-            if running is not None and running.forced and not isinstance(exception, JobCancelled):
-                # Raised after the job returned, before it left: clear it, or it
-                # would land in the after hooks (or the next job).
+            if running is not None and running.forced and not running.ended:
+                # Ended outside ``guarded`` (an actor not declared through the
+                # broker): withdraw a stop that has not landed.
                 _clear_pending_exception(thread_id)
         return running
 
@@ -119,11 +148,11 @@ class Registry:
         grace = jobs_settings.JOBS_CANCEL_GRACE_MS / 1000
         with self._mutex:
             for running in self._by_thread.values():
-                if (
+                due = (
                     running.cancelled_at is not None
-                    and not running.forced
                     and time.monotonic() - running.cancelled_at >= grace
-                ):
+                )
+                if due and not (running.forced or running.stopping or running.ended):
                     running.forced = True
                     logger.warning(
                         "Job %s did not stop within %.1f s of its cancel; stopping it by force",
@@ -131,6 +160,20 @@ class Registry:
                         grace,
                     )
                     raise_thread_exception(running.thread_id, JobForceCancelled)  # type: ignore[no-untyped-call]
+
+
+def guarded(fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` (an actor's function) ending in its own frame: see ``Registry.end``."""
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            registry.end()
+
+    run.cancellation_guarded = True  # type: ignore[attr-defined]
+    return run
 
 
 def _clear_pending_exception(thread_id: int) -> None:
@@ -154,4 +197,5 @@ def check() -> None:
     Outside a worker (a shell, a test calling the function) it does nothing.
     """
     if requested():
+        registry.stop_cooperatively()
         raise JobCancelled("cancelled by an operator")

@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from dramatiq.common import q_name
 from dramatiq.middleware import CurrentMessage
@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 MAX_NOTE = 200
 # How long a first report waits for the ledger to write the job's row.
 LEDGER_WAIT_S = 2.0
+MAX_VALUE = 2**63 - 1
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _State:
     written_at: float = float("-inf")
     pending: Progress | None = None
     row_flushed: bool = False
+    reached: bool = False  # a report reaching its total was written
 
 
 def report(done: int, total: int | None = None, note: str = "") -> None:
@@ -65,10 +67,15 @@ def report(done: int, total: int | None = None, note: str = "") -> None:
     state = _state()
     if state is None:
         return
+    # The columns hold up to 2**63 - 1: a larger count is shown as that.
+    done, total = min(done, MAX_VALUE), None if total is None else min(total, MAX_VALUE)
     state.pending = Progress(done, total, str(note)[:MAX_NOTE])
     interval = jobs_settings.JOBS_PROGRESS_INTERVAL_MS / 1000
-    finished = total is not None and done >= total
-    if finished or time.monotonic() - state.written_at >= interval:
+    # Reaching the total is written at once, once: a loop that goes on
+    # reporting past it is throttled like any other.
+    reached = total is not None and done >= total and not state.reached
+    if reached or time.monotonic() - state.written_at >= interval:
+        state.reached = state.reached or reached
         _write(state)
 
 
@@ -110,15 +117,19 @@ def _write(state: _State) -> None:
 
     try:
         written = update()
-        if not written and not state.row_flushed:
+        if not written and not state.row_flushed and not connection.in_atomic_block:
             # The ledger has no row for it yet (its first events wait in a
             # batch or the intake): written now, once per job, then again.
+            # Not inside the job's own transaction: on SQLite the writer would
+            # wait for it to commit.
             state.row_flushed = True
             ledger.flush(LEDGER_WAIT_S)
             written = update()
-    except DatabaseError as exc:
+    except (DatabaseError, ValueError, OverflowError) as exc:
+        # Never the job's failure. This report is dropped; the next one is tried.
         logger.warning("Progress of job %s not recorded: %s", state.message_id, exc)
-        state.written_at = time.monotonic()  # not again before the interval
+        state.written_at = time.monotonic()
+        state.pending = None
         return
     if not written:
         # Still no row: kept pending, tried again at the next report or the end.

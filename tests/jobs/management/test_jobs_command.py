@@ -459,6 +459,21 @@ def test_cancel_counts_the_jobs_that_started_before_it_reached_them(
     assert message.message_id not in queues.controls().cancelled
 
 
+def test_cancel_asks_a_running_job_to_stop_and_a_second_cancel_says_it_was_asked() -> None:
+    job = running_job(os.getpid())
+
+    first = jobs("cancel", str(job.pk), "--yes", "--json")
+    again = jobs("cancel", str(job.pk), "--yes", "--json")
+
+    assert first.code == 0  # everything asked for was done: the worker stops it
+    assert (first.json()["done"], first.json()["requested_running"]) == (0, 1)
+    assert job.message_id in queues.controls().cancelled
+    assert again.code == 0
+    assert (again.json()["already_requested"], again.json()["started_meanwhile"]) == (1, 0)
+    job.refresh_from_db()
+    assert (job.cancelled_by or "").endswith("(manage.py jobs)")
+
+
 # --- pause and resume --------------------------------------------------------
 
 

@@ -5,6 +5,8 @@ Real Redis, a real in-process ``dramatiq.Worker``, the shipped middleware.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -12,8 +14,11 @@ import dramatiq
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from dramatiq.middleware import raise_thread_exception
 
+from jobs.broker import queues
 from jobs.consistency.idempotency import run_once
+from jobs.errors import JobForceCancelled
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import EffectRecord, Job
@@ -63,6 +68,14 @@ def effect_job(key: str, seconds: float, checks: bool) -> None:
     run_once(key, effect)
 
 
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, actor_name="cancel_tight_checker")
+def tight_checker() -> None:
+    _started()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        cancellation.check()  # as often as the loop turns
+
+
 @dramatiq.actor(queue_name=QUEUE, actor_name="cancel_quick")
 def quick() -> None:
     ticks["quick"] = ticks.get("quick", 0) + 1
@@ -94,12 +107,17 @@ def _ended(message: dramatiq.Message[object]) -> Job:
 
 
 def test_a_job_that_checks_stops_cleanly_within_the_refresh_interval(
-    worker: dramatiq.Worker, settings
+    worker: dramatiq.Worker, settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     message = cooperative.send(30)
     asked = _cancel_when_running(message)
-    job = _ended(message)
+    with caplog.at_level(logging.INFO, logger="dramatiq.worker.WorkerThread"):
+        job = _ended(message)
     took = time.monotonic() - asked
+    # Not a crash: one INFO line, no ERROR with a traceback; acked, not dead-lettered.
+    assert "stopped cleanly: cancelled by an operator" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert queues.queue_stats(QUEUE).dead == 0
 
     assert job.state == "cancelled"
     assert (job.error_type, job.cancelled_by) == ("JobCancelled", "alice")
@@ -129,6 +147,19 @@ def test_a_job_that_never_checks_is_stopped_by_force_after_the_grace_period(
     quick.send()
     join(QUEUE)
     assert ticks["quick"] == 1
+
+
+def test_a_second_cancel_of_a_stopping_job_says_it_was_asked_already(
+    worker: dramatiq.Worker, settings
+) -> None:
+    settings.JOBS_CANCEL_GRACE_MS = 3_000  # it ignores the cancel for a while
+    message = stubborn.send(60)
+    _cancel_when_running(message)
+
+    again = operations.cancel_jobs(Job.objects.filter(message_id=message.message_id), by="bob")
+
+    assert (again.done, again.requested, again.already) == (0, 0, 1)
+    assert _ended(message).cancelled_by == "alice"  # the first to ask
 
 
 def test_a_forced_stop_keeps_the_claim_of_an_effect_that_may_have_run(
@@ -200,3 +231,67 @@ def test_cancelling_needs_the_permission(client: Client, broker: dramatiq.Broker
     assert answer.status_code == 403
     job.refresh_from_db()
     assert job.state == "enqueued"
+
+
+def test_a_forced_stop_set_as_the_job_ends_lands_inside_its_call_or_not_at_all() -> None:
+    # The watcher forces a job (holding the registry's mutex) at the moment its
+    # function returns: the stop must land inside the job's call (where the
+    # worker handles it as the job's end) or be withdrawn, never after it (in
+    # a middleware hook or the worker's own code, which it would kill).
+    out: dict[str, str] = {}
+    ready, go = threading.Event(), threading.Event()
+
+    @cancellation.guarded
+    def job() -> None:
+        ready.set()
+        go.wait(5)
+
+    def thread() -> None:
+        cancellation.registry.enter("race")
+        try:
+            job()
+            out["call"] = "returned"
+        except JobForceCancelled:
+            out["call"] = "stopped inside the call"
+        try:
+            for _ in range(100_000):
+                pass
+            cancellation.registry.leave()
+            out["after"] = "nothing"
+        except BaseException as exc:
+            out["after"] = f"{type(exc).__name__} after the call"
+
+    worker_thread = threading.Thread(target=thread)
+    worker_thread.start()
+    ready.wait(5)
+    with cancellation.registry._mutex:  # what poll() holds when it forces
+        go.set()
+        time.sleep(0.3)  # the job has returned and waits for the mutex to end
+        running = cancellation.registry._by_thread[worker_thread.ident or 0]
+        running.forced = True
+        raise_thread_exception(worker_thread.ident, JobForceCancelled)  # type: ignore[no-untyped-call]
+    worker_thread.join(5)
+
+    assert out["after"] == "nothing", out
+    assert out["call"] in ("returned", "stopped inside the call"), out
+
+
+def test_a_job_that_checks_at_its_grace_deadline_never_loses_its_worker_thread(
+    broker: dramatiq.Broker, settings
+) -> None:
+    # Grace 0 and a job that checks in a tight loop: the cooperative stop and
+    # the forced one race on every cancel. One thread, five cancels.
+    settings.JOBS_CANCEL_GRACE_MS = 0
+    settings.JOBS_CONTROL_REFRESH_MS = 50
+    started.clear()
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        for _ in range(5):
+            message = tight_checker.send()
+            _cancel_when_running(message)
+            job = _ended(message)
+            assert job.state == "cancelled"
+            assert all(thread.is_alive() for thread in worker.workers)
+    finally:
+        worker.stop()

@@ -36,6 +36,22 @@ def tight_loop(items: int) -> None:
     seen["writes"] = len(writes)
 
 
+@dramatiq.actor(queue_name=QUEUE, actor_name="progress_past_total")
+def past_total(reports: int) -> None:
+    writes = []
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "progress_done" in sql and sql.lstrip().upper().startswith("UPDATE"):
+            writes.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        for n in range(reports):
+            progress.report(n, 10)  # a total that was a guess, long passed
+    progress.report(2**70, 2**70, "beyond any column")  # clamped, never the job's failure
+    seen["writes"] = len(writes)
+
+
 @dramatiq.actor(
     queue_name=QUEUE,
     max_retries=2,
@@ -81,6 +97,18 @@ def test_a_tight_loop_writes_progress_a_few_times_not_per_item(broker: dramatiq.
     # The first report, one per JOBS_PROGRESS_INTERVAL_MS (1 s) at most, and
     # the one that reaches the total: a loop of milliseconds writes about twice.
     assert 1 <= seen["writes"] <= 4, seen["writes"]
+
+
+def test_reports_past_the_total_are_throttled_and_huge_values_are_clamped(
+    broker: dramatiq.Broker,
+) -> None:
+    message = past_total.send(3_000)
+    run_queue(broker)
+
+    job = Job.objects.get(message_id=message.message_id)
+    assert job.state == "succeeded"
+    assert (job.progress_done, job.progress_total) == (2**63 - 1, 2**63 - 1)
+    assert seen["writes"] <= 5, seen["writes"]  # not one per report past the total
 
 
 def test_checkpoints_report_progress_and_a_retry_starts_from_them(
