@@ -39,7 +39,7 @@ from dramatiq.brokers.redis import _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from jobs.broker import room, strays
+from jobs.broker import room, strays, unknown_actors
 from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
 from jobs.ledger import writer as ledger
@@ -158,9 +158,26 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if message is None:
             return None
         with_fields(message)
+        if not self._delays and unknown_actors.is_unknown(self.broker, message):
+            self._unknown_actor(message)
+            return None
         if self._delays:
             self.memory.delayed[message.message_id] = message.options["redis_message_id"]
         return message
+
+    def _unknown_actor(self, message: dramatiq.MessageProxy) -> None:
+        """Put back (or, after waiting too long, dead-letter with a ledger row) a
+        message no worker thread here could run (``jobs.broker.unknown_actors``)."""
+        try:
+            if unknown_actors.put_back(self.broker, message):
+                self.ack(message)  # the copy is in Redis: this one is done
+                return
+            ledger.record(unknown_actors.failure_event(message), durable=True)
+            message.fail()
+            self.nack(message)
+        except UNREACHABLE as exc:
+            # Nothing acked: the message comes back to a worker after Redis does.
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep,

@@ -129,6 +129,14 @@ DEFAULTS: dict[str, Knob] = {
         "At most one progress write per job in this time (``jobs.runtime.progress``).",
         minimum=0,
     ),
+    "JOBS_UNKNOWN_ACTOR_WAIT_MS": Knob(
+        3_600_000,
+        _MS,
+        "A message for an actor a worker does not know (a rolling deploy) goes back to its "
+        "queue for a worker that does, for this long after it was sent; then it is "
+        "dead-lettered, with a ledger row.",
+        minimum=0,
+    ),
     "JOBS_PAUSE_RECHECK_MS": Knob(
         5_000, _MS, "How often a paused queue's messages come back to look.", minimum=10
     ),

@@ -96,8 +96,9 @@ def _default_max_retries(broker: Broker) -> int:
 
 def _max_attempts(broker: Broker, actor_name: str, options: dict[str, Any]) -> int:
     max_retries = options.get("max_retries")
-    if max_retries is None:
-        max_retries = broker.get_actor(actor_name).options.get("max_retries")
+    actor = broker.actors.get(actor_name)
+    if max_retries is None and actor is not None:
+        max_retries = actor.options.get("max_retries")
     if max_retries is None:
         max_retries = _default_max_retries(broker)
     return int(max_retries) + 1
@@ -219,6 +220,10 @@ class Ledger(dramatiq.Middleware):
     ) -> None:
         if getattr(broker, "ledger_intake", False) and self.in_ledger_intake(broker, message):
             return  # the enqueue script put it in the intake
+        if message.actor_name not in broker.actors:
+            # Put back by a worker that does not know it (jobs.broker.unknown_actors):
+            # recorded by one that does, which can redact its arguments by name.
+            return
         ledger.record(enqueue_event(broker, message, delayed=bool(delay)))
 
     def before_process_message(self, broker: Broker, message: MessageProxy) -> None:

@@ -22,6 +22,7 @@ import dramatiq
 from dramatiq.broker import Broker, MessageProxy
 from dramatiq.common import q_name
 
+from jobs.broker import unknown_actors
 from jobs.broker.pulse import pulse
 from jobs.broker.workers import Heartbeat
 from jobs.errors import is_cancel, is_deferral
@@ -49,7 +50,10 @@ class Metrics(dramatiq.Middleware):
     def after_enqueue(self, broker: Broker, message: dramatiq.Message[Any], delay: int) -> None:
         # Only a message sent for the first time: a retry is counted where it
         # failed, and a paused queue puts its messages back on every recheck.
-        if message.options.get("retries") is None and PAUSE_REQUEUES not in message.options:
+        options = message.options
+        if options.get("retries") is None and not (
+            PAUSE_REQUEUES in options or unknown_actors.REQUEUES in options
+        ):
             key = (message.actor_name, message.queue_name)
             counter = self._enqueued.get(key)
             if counter is None:
