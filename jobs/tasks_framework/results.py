@@ -185,7 +185,13 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
         chain = retry_chain(message_id)
     if not chain:
         return _from_outbox(message_id, backend)
+    if chain[-1].retried_as and intake.catch_up():
+        # An operator's retry was sent; its row may still be in the intake.
+        chain = retry_chain(message_id)
     first, last = chain[0], chain[-1]
+    # Still no row for the retry: it waits in Redis. Not the failure before it,
+    # or a client polling until the task ends would stop at that failure.
+    retry_pending = bool(last.retried_as)
     worker_ids: list[str] = []
     errors: list[TaskError] = []
     starts: list[datetime] = []
@@ -198,10 +204,10 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
         task_of(first.actor_name, first.queue_name),
         backend,
         message_id,
-        status=STATUS[last.state],
+        status=TaskResultStatus.READY if retry_pending else STATUS[last.state],
         enqueued_at=first.enqueued_at,
         started_at=min(starts, default=None),
-        finished_at=last.finished_at if last.is_terminal else None,
+        finished_at=last.finished_at if last.is_terminal and not retry_pending else None,
         last_attempted_at=max(starts, default=None),
         args=list(first.args),
         kwargs=dict(first.kwargs),

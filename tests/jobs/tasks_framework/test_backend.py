@@ -17,6 +17,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.errors import PermanentJobError
+from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job, OutboxMessage
 from jobs.tasks_framework.backend import DramatiqBackend
@@ -404,3 +405,24 @@ def test_a_result_follows_the_operators_retry_of_its_task(
     retried = recovers_when_retried.get_result(retry.message_id)
     assert retried.status == TaskResultStatus.SUCCESSFUL
     assert (retried.attempts, retried.errors) == (1, [])
+
+
+def test_right_after_an_operators_retry_the_result_waits_for_the_retry(
+    broker: dramatiq.Broker, settings
+) -> None:
+    # The shipped batching: the retry's row reaches the ledger through the intake.
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    result = never_retried.enqueue("retried-later")
+    run_worker(broker)
+    job = Job.objects.get(message_id=result.id)
+    assert job.state == "failed"
+    # Another process is draining the intake (it holds the lock) when the
+    # operator retries: the retry's row is not written yet.
+    broker.client.set(f"{broker.namespace}:ledger.intake.lock", "another-process", px=10_000)
+    assert operations.retry_jobs(Job.objects.filter(pk=job.pk)).done == 1
+
+    polled = never_retried.get_result(result.id)
+
+    # Not the failure before it: a client polling until the end goes on.
+    assert polled.status == TaskResultStatus.READY
+    assert polled.finished_at is None
