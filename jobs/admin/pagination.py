@@ -17,6 +17,13 @@ COUNT_CAP = 10_000
 
 
 class CheapCountPaginator(Paginator):  # type: ignore[type-arg]
+    """``count`` is exact up to ``COUNT_CAP`` rows; past it, ``estimated`` (the id
+    range, unfiltered) or ``capped`` (filtered: "more than") says so, and the
+    list's pagination line shows it (admin/jobs/job/pagination.html)."""
+
+    estimated = False
+    capped = False
+
     @cached_property
     def count(self) -> int:
         queryset: QuerySet[Any] = self.object_list  # type: ignore[assignment]
@@ -28,5 +35,12 @@ class CheapCountPaginator(Paginator):  # type: ignore[type-arg]
             if high is None:
                 return 0
             low = rows.aggregate(low=Min("pk"))["low"]
-            return int(high - low + 1)
-        return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+            span = int(high - low + 1)
+            if span > COUNT_CAP:
+                self.estimated = True
+                return span
+            # Small: counted, so deleted rows (gaps in the ids) are not shown.
+            return queryset.order_by().count()
+        counted = queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+        self.capped = counted > COUNT_CAP
+        return counted

@@ -21,3 +21,12 @@ def jobs_of_url(obj: Any) -> str:
         return ""
     query = urlencode({"subject": subject_key(meta.label_lower, obj.pk)})
     return f"{reverse('admin:jobs_job_changelist')}?{query}"
+
+
+@register.filter
+def thousands(value: Any) -> str:
+    """12345 -> "12,345": the job list's counts, whatever the locale settings."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
