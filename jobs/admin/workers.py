@@ -203,14 +203,18 @@ def workers_page(model_admin: ModelAdmin[Job]) -> Callable[[HttpRequest], HttpRe
 
 
 WORKERS_ROW = "Workers"
+# The job admin's own pages, listed in the index beside the models.
+PAGES = (("Dashboard", "admin:jobs_dashboard"), ("Schedules", "admin:jobs_schedules"),
+         (WORKERS_ROW, "admin:jobs_workers"))  # fmt: skip
 
 
 def link_from_index(site: AdminSite) -> None:
-    """List the workers page in ``site``'s index and nav sidebar, in the Jobs block.
+    """List the dashboard, schedules and workers pages in ``site``'s index and nav
+    sidebar, in the Jobs block.
 
     The admin index lists models only, and a reusable app cannot override
     ``admin/index.html`` (django.contrib.admin's own template is found first);
-    ``get_app_list`` is where an AdminSite builds that list, so the page is
+    ``get_app_list`` is where an AdminSite builds that list, so the pages are
     added to the Jobs app's rows there, for whoever sees the job list, and
     every other app's block is left as it was.
     """
@@ -225,19 +229,24 @@ def link_from_index(site: AdminSite) -> None:
                 continue
             models = app["models"]
             jobs = [m for m in models if m.get("model") is Job and m.get("admin_url")]
-            if jobs and all(m.get("object_name") != WORKERS_ROW for m in models):
+            if not jobs:
+                continue
+            listed = {m.get("object_name") for m in models}
+            for name, url_name in PAGES:
+                if name in listed:
+                    continue
                 models.append(
                     {
                         "model": Job,
-                        "name": WORKERS_ROW,
-                        "object_name": WORKERS_ROW,
+                        "name": name,
+                        "object_name": name,
                         "perms": {"add": False, "change": False, "delete": False, "view": True},
-                        "admin_url": reverse("admin:jobs_workers", current_app=site.name),
+                        "admin_url": reverse(url_name, current_app=site.name),
                         "add_url": None,
                         "view_only": True,
                     }
                 )
-                models.sort(key=lambda m: m["name"])
+            models.sort(key=lambda m: m["name"])
         return app_list
 
     setattr(site, "get_app_list", get_app_list)  # noqa: B010 - mypy refuses assigning a method

@@ -319,6 +319,9 @@ def test_only_staff_who_may_view_jobs_see_the_page_and_its_index_row(
     jobs_block = index[index.index('class="app-jobs module') :]
     jobs_block = jobs_block[: jobs_block.index("</table>")]
     assert f'<a href="{PAGE}">Workers</a>' in jobs_block
+    # ... beside the job admin's other pages, which were reachable only from the list
+    assert '<a href="/admin/jobs/job/dashboard/">Dashboard</a>' in jobs_block
+    assert '<a href="/admin/jobs/job/schedules/">Schedules</a>' in jobs_block
     assert index.count(f'href="{PAGE}"') == 2  # that row's name and its "View" link, nowhere else
     for linked_from in ("/admin/jobs/job/", "/admin/jobs/job/dashboard/", "/admin/jobs/"):
         assert f'href="{PAGE}"' in client.get(linked_from).content.decode(), linked_from
