@@ -28,8 +28,9 @@ from jobs.admin.safety import SafeModelAdmin
 from jobs.admin.schedules import run_now, schedule_rows
 from jobs.admin.workers import workers_page
 from jobs.broker import queues, redis_broker
+from jobs.cli.failed import permanent_paths
 from jobs.http.nul import has_nul
-from jobs.ledger import intake, operations
+from jobs.ledger import intake, operations, states
 from jobs.ledger.references import (
     Reference,
     actor_named,
@@ -265,7 +266,17 @@ class JobAdmin(SafeModelAdmin):
 
     @admin.display(description="state", ordering="state")
     def state_coloured(self, job: Job) -> SafeString:
-        return state_badge(job.state)
+        badge = state_badge(job.state)
+        if not job.retry_of_id:
+            return badge
+        # A retry is a row of its own: it says so and links its original.
+        return format_html(
+            '{} <a class="retry-of" href="{}?q={}" title="retry of {}">↻ retry</a>',
+            badge,
+            reverse("admin:jobs_job_changelist"),
+            job.retry_of_id,
+            job.retry_of_id,
+        )
 
     @admin.display(description="attempts")
     def attempts_display(self, job: Job) -> str:
@@ -412,8 +423,26 @@ class JobAdmin(SafeModelAdmin):
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        # Counted before: a retry of a job that failed for good is allowed (the
+        # cause may be fixed by now) but said, not done without a word.
+        paths = permanent_paths(queryset.filter(state=states.FAILED, retried_as__isnull=True))
+        permanent = (
+            queryset.filter(state=states.FAILED, retried_as__isnull=True)
+            .filter(error_class_path__in=paths)
+            .count()
+            if paths
+            else 0
+        )
         outcome = operations.retry_jobs(queryset)
         self.message_user(request, f"Retried {outcome.done} job(s).", messages.SUCCESS)
+        if permanent and outcome.done:
+            names = ", ".join(path.rpartition(".")[2] for path in paths)
+            self.message_user(
+                request,
+                f"{permanent} of them had failed for good ({names}): unless the cause was "
+                "fixed, they will fail again.",
+                messages.WARNING,
+            )
         if outcome.already:
             self.message_user(
                 request,

@@ -163,10 +163,14 @@ def test_retry_re_enqueues_a_failed_job_that_then_succeeds(
 
     response = action(staff, "retry_selected", [failed_job])
     assert "Retried 1 job(s)." in response.content.decode()
+    # It had failed for good (PermanentJobError): allowed, and said.
+    assert "1 of them had failed for good (PermanentJobError)" in response.content.decode()
     run_queue(broker)
 
     retry = Job.objects.get(retry_of__message_id=failed_job.message_id)
     assert retry.state == "succeeded"
+    listing = staff.get(LIST).content.decode()
+    assert f'href="/admin/jobs/job/?q={failed_job.message_id}" title="retry of' in listing
     assert retry.args == failed_job.args
     assert queues.queue_stats(QUEUE).dead == 0
     detail = staff.get(f"{LIST}{failed_job.pk}/change/").content.decode()
