@@ -7,6 +7,7 @@ from django.contrib import messages
 from django.contrib.admin import ModelAdmin
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -100,11 +101,19 @@ def retry_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> H
     if not request.user.has_perm("jobs.retry_job"):
         return HttpResponse("You may not retry jobs.", status=403)
     job = get_object_or_404(Job, pk=object_id)
+    if permanent_failure(job) and request.POST.get("confirmed") != "yes":
+        context = {
+            **admin.admin_site.each_context(request),
+            "title": "Retry a job that failed for good?",
+            "job": job,
+            "opts": Job._meta,
+        }
+        return TemplateResponse(request, "admin/jobs/job/retry_confirm.html", context)
     outcome = operations.retry_jobs(Job.objects.filter(pk=job.pk))
     if outcome.done:
         text = "Retried: a new job was sent (linked under Payload, 'retries')."
         if permanent_failure(job):
-            text += " It failed for good before and will most likely fail again."
+            text += " It had failed for good: unless the cause was fixed, it fails again."
         admin.message_user(request, text, messages.SUCCESS)
     elif outcome.already:
         admin.message_user(request, "Already retried: not sent again.", messages.WARNING)

@@ -282,7 +282,7 @@ class JobAdmin(SafeModelAdmin):
     def attempts_display(self, job: Job) -> str:
         if job_controls.permanent_failure(job):
             # "1/3" would suggest two more tries: there will be none.
-            return f"{job.attempts} (failed for good, not retried)"
+            return f"{job.attempts} (failed for good: {job.error_type})"
         return f"{job.attempts}/{job.max_attempts}"
 
     @admin.display(description="enqueued", ordering="enqueued_at")

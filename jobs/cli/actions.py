@@ -9,7 +9,6 @@ count has a higher id and is left alone.
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +17,7 @@ import django.db
 import redis
 from django.db.models import Max, QuerySet
 
-from jobs.cli.console import Console
+from jobs.cli.console import Console, operator
 from jobs.cli.failed import permanent_paths
 from jobs.cli.selection import Selection
 from jobs.ledger import operations, states
@@ -30,17 +29,10 @@ STATES = {RETRY: (states.FAILED,), CANCEL: (states.ENQUEUED, states.DELAYED, sta
 NOUN = {RETRY: "failed job(s)", CANCEL: "waiting or running job(s)"}
 
 
-def _operator() -> str:
-    """Who cancelled, as the ledger records it: the account running the command."""
-    try:
-        return f"{getpass.getuser()} (manage.py jobs)"
-    except (KeyError, OSError):  # no name for this uid (a bare container)
-        return "manage.py jobs"
-
-
 _ACT: dict[str, Callable[[QuerySet[Job]], Outcome]] = {
     RETRY: operations.retry_jobs,
-    CANCEL: lambda queryset: operations.cancel_jobs(queryset, by=_operator()),
+    # Who cancelled, as the ledger records it: the account running the command.
+    CANCEL: lambda queryset: operations.cancel_jobs(queryset, by=f"{operator()} (manage.py jobs)"),
 }
 
 

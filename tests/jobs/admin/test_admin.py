@@ -77,7 +77,7 @@ def test_the_list_shows_state_actor_queue_attempts_and_duration(
     assert ">failed<" in html
     assert "fragile" in html
     # A PermanentJobError: not "1/1", which would read as if tries could remain.
-    assert "1 (failed for good, not retried)" in html
+    assert "1 (failed for good: PermanentJobError)" in html
 
 
 def test_filters_and_search_narrow_the_list(staff: Client, failed_job: Job) -> None:

@@ -14,6 +14,7 @@ import dramatiq
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 from dramatiq.middleware import raise_thread_exception
 
 from jobs.broker import queues
@@ -295,3 +296,35 @@ def test_a_job_that_checks_at_its_grace_deadline_never_loses_its_worker_thread(
             assert all(thread.is_alive() for thread in worker.workers)
     finally:
         worker.stop()
+
+
+def test_the_job_page_asks_before_retrying_a_job_that_failed_for_good(client: Client) -> None:
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    client.login(username="root", password="pw")
+    now = timezone.now()
+    job = Job.objects.create(
+        message_id="00000000-0000-0000-0000-00000000000a",
+        actor_name="cancel_quick",
+        queue_name=QUEUE,
+        state="failed",
+        attempts=1,
+        max_attempts=4,
+        enqueued_at=now,
+        finished_at=now,
+        error_type="PermanentJobError",
+        error_class_path="jobs.errors.PermanentJobError",
+        error_message="bad payload",
+    )
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "1 (failed for good: PermanentJobError)" in page  # not "1/4"
+
+    asked = client.post(f"/admin/jobs/job/{job.pk}/retry/").content.decode()
+    assert "failed for good" in asked
+    assert 'name="confirmed" value="yes"' in asked
+    job.refresh_from_db()
+    assert job.retried_as is None  # nothing sent before the confirmation
+
+    done = client.post(f"/admin/jobs/job/{job.pk}/retry/", {"confirmed": "yes"}, follow=True)
+    assert "Retried: a new job was sent" in done.content.decode()
+    job.refresh_from_db()
+    assert job.retried_as
