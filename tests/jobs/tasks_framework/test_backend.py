@@ -16,6 +16,7 @@ from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
+from jobs.broker import redis_broker
 from jobs.errors import PermanentJobError
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
@@ -418,7 +419,8 @@ def test_right_after_an_operators_retry_the_result_waits_for_the_retry(
     assert job.state == "failed"
     # Another process is draining the intake (it holds the lock) when the
     # operator retries: the retry's row is not written yet.
-    broker.client.set(f"{broker.namespace}:ledger.intake.lock", "another-process", px=10_000)
+    redis = redis_broker()
+    redis.client.set(f"{redis.namespace}:ledger.intake.lock", "another-process", px=10_000)
     assert operations.retry_jobs(Job.objects.filter(pk=job.pk)).done == 1
 
     polled = never_retried.get_result(result.id)
