@@ -19,10 +19,13 @@ from jobs.ledger.figures import (
     actor_figures,
     failure_rate,
     state_counts,
+    stuck_running,
     timeline,
 )
 from jobs.models import Job
 
+# A failure rate at or above this is flagged on the dashboard.
+FAILURE_RATE_ALARM = 0.10
 # Tick labels: every 10th minute of the hour, every 3rd hour of the day.
 TICK_EVERY = {"minute": 10, "hour": 3}
 
@@ -76,4 +79,6 @@ def dashboard_context() -> dict[str, Any]:
         "counts": [("Last hour", hour, failure_rate(hour)), ("Last day", day, failure_rate(day))],
         "charts": [timeline_charts(timeline(LAST_HOUR)), timeline_charts(timeline(LAST_DAY))],
         "actors": actor_figures(timezone.now() - timedelta(days=1)),
+        "stuck": stuck_running().count(),
+        "failure_rate_alarm": FAILURE_RATE_ALARM,
     }

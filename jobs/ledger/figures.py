@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import caches
-from django.db.models import Case, CharField, Count, Func, IntegerField, Q, Value, When
+from django.db.models import Case, CharField, Count, Func, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from jobs.conf import jobs_settings
@@ -92,6 +92,15 @@ def actor_figures(start: datetime, end: datetime | None = None) -> list[ActorFig
             )
         )
     return figures
+
+
+def stuck_running() -> QuerySet[Job]:
+    """Jobs recorded as running for longer than the default time limit plus the
+    watchdog's grace: stuck, or their end was never recorded."""
+    limit = timedelta(
+        milliseconds=jobs_settings.JOBS_TIME_LIMIT_MS, seconds=jobs_settings.JOBS_WATCHDOG_GRACE_S
+    )
+    return Job.objects.filter(state=states.RUNNING, started_at__lt=timezone.now() - limit)
 
 
 # --- timelines (the dashboard's charts) ---------------------------------------

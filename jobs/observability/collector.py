@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
 
-from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from jobs.conf import jobs_settings
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
@@ -100,13 +97,9 @@ def _intake_waiting() -> int:
 
 
 def _stuck_jobs() -> int:
-    from jobs.ledger import states
-    from jobs.models import Job
+    from jobs.ledger.figures import stuck_running
 
-    limit = timedelta(
-        milliseconds=jobs_settings.JOBS_TIME_LIMIT_MS, seconds=jobs_settings.JOBS_WATCHDOG_GRACE_S
-    )
-    return Job.objects.filter(state=states.RUNNING, started_at__lt=timezone.now() - limit).count()
+    return stuck_running().count()
 
 
 _declared: set[tuple[str, str]] = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import dramatiq
@@ -15,6 +15,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from periodiq import cron
 
 from jobs.broker import queues
@@ -209,6 +210,25 @@ def test_the_dashboard_shows_queues_states_and_actors(staff: Client, failed_job:
     assert f">{QUEUE}</a>" in html
     assert "fragile" in html
     assert "100%" in html  # failure rate of the one finished job
+    # ... flagged: at or above 10 %
+    assert '<td class="num alarm">100%</td>' in html
+    assert 'id="stuck-running"' not in html
+
+
+def test_the_dashboard_flags_jobs_stuck_running(staff: Client) -> None:
+    long_ago = timezone.now() - timedelta(days=1)
+    Job.objects.create(
+        message_id="00000000-0000-0000-0000-0000000000ff",
+        actor_name="fragile",
+        queue_name=QUEUE,
+        state="running",
+        enqueued_at=long_ago,
+        started_at=long_ago,
+    )
+    html = staff.get("/admin/jobs/job/dashboard/").content.decode()
+
+    assert 'id="stuck-running"' in html
+    assert "1 job(s) recorded as running past the time limit and grace" in html
 
 
 def test_pause_and_resume_from_the_dashboard(staff: Client) -> None:
