@@ -62,7 +62,10 @@ _SECRET_IN_TEXT = (
 )
 # ``scheme://user:password@``, tried only from the start of a run of scheme
 # characters; the scheme proper starts at a letter there or after a + . or -.
-_URL_CREDENTIALS = re.compile(r"(?<![\w+.-])([\w+.-]++://[^/\s:@]*+:)[^/\s@]++@")
+# The password runs to the last "@" before the path (as urlparse and redis-py
+# read it): one written with a raw "@" ("p@ss") is masked whole, not up to its
+# first "@". Greedy then one backtrack over the run: linear per "://".
+_URL_CREDENTIALS = re.compile(r"(?<![\w+.-])([\w+.-]++://[^/\s:@]*+:)[^/\s]*@")
 _SCHEME_START = re.compile(r"(?:^|[+.-])[a-z]", re.IGNORECASE)
 
 

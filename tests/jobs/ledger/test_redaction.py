@@ -67,6 +67,9 @@ PATHOLOGICAL = {
         ("set(password=token=abc, n=1)", "set(password=[redacted], n=1)"),
         ("got eyJhbGciOiJIUzI1NiJ9.e30.c2ln back", "got [redacted] back"),
         ("https://alice:s3cret@example.com/x", "https://alice:[redacted]@example.com/x"),
+        # An "@" in the password, not percent-encoded: masked whole (it was "ss" left).
+        ("redis://:p@ss@cache:6379/0 down", "redis://:[redacted]@cache:6379/0 down"),
+        ("redis://u:p@s@s@h/0 and http://x/y@z", "redis://u:[redacted]@h/0 and http://x/y@z"),
     ],
 )
 def test_it_masks_secret_looking_values_in_text(text: str, expected: str) -> None:
