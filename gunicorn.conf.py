@@ -13,30 +13,39 @@ accesslog = "-"
 # user agent with quotes in it cannot break the line.
 access_log_format = '%(h)s "%(r)s" %(s)s %(b)s %(L)ss "%(a)s"'
 _debug = os.environ.get("DJANGO_DEBUG", "1").strip().lower() in {"1", "true", "yes", "on"}
-if os.environ.get("LOG_FORMAT", "plain" if _debug else "json") == "json":
-    logconfig_dict = {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"json": {"()": "jobs.observability.logcontext.JsonFormatter"}},
-        "handlers": {
-            "access": {
-                "class": "logging.StreamHandler",
-                "formatter": "json",
-                "stream": "ext://sys.stdout",
-            },
-            "error": {
-                "class": "logging.StreamHandler",
-                "formatter": "json",
-                "stream": "ext://sys.stderr",
-            },
+_json = os.environ.get("LOG_FORMAT", "plain" if _debug else "json") == "json"
+# Both modes go through the app's RedactFilter: a request line carries its query
+# string ("GET /callback?token=..."), which must not reach the log as it came.
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "jobs.observability.logredaction.RedactFilter"}},
+    "formatters": {
+        "json": {"()": "jobs.observability.logcontext.JsonFormatter"},
+        "plain_access": {"format": "%(message)s"},
+        "plain_error": {"format": "%(asctime)s [%(process)d] [%(levelname)s] %(message)s"},
+    },
+    "handlers": {
+        "access": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if _json else "plain_access",
+            "filters": ["redact"],
+            "stream": "ext://sys.stdout",
         },
-        # gunicorn merges this over its defaults key by key: "root" must name ours.
-        "root": {"handlers": ["error"], "level": "INFO"},
-        "loggers": {
-            "gunicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
-            "gunicorn.error": {"handlers": ["error"], "level": "INFO", "propagate": False},
+        "error": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if _json else "plain_error",
+            "filters": ["redact"],
+            "stream": "ext://sys.stderr",
         },
-    }
+    },
+    # gunicorn merges this over its defaults key by key: "root" must name ours.
+    "root": {"handlers": ["error"], "level": "INFO"},
+    "loggers": {
+        "gunicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+        "gunicorn.error": {"handlers": ["error"], "level": "INFO", "propagate": False},
+    },
+}
 
 
 def child_exit(server: Any, worker: Any) -> None:
