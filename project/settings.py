@@ -473,3 +473,4 @@ LOGGING = {
 # Error reports (the debug page, error emails) mask credentials inside values too:
 # a password in REDIS_URL or DATABASE_URL has an innocent setting name.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "jobs.observability.errorreports.SecretsReporterFilter"
+DEFAULT_EXCEPTION_REPORTER = "jobs.observability.errorreports.SecretsExceptionReporter"

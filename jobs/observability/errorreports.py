@@ -26,9 +26,9 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.utils.log import AdminEmailHandler
-from django.views.debug import SafeExceptionReporterFilter
+from django.views.debug import ExceptionReporter, SafeExceptionReporterFilter
 
-from jobs.ledger.redaction import redact_text
+from jobs.ledger.redaction import redact, redact_text
 
 
 class SecretsReporterFilter(SafeExceptionReporterFilter):
@@ -42,6 +42,26 @@ class SecretsReporterFilter(SafeExceptionReporterFilter):
     def get_traceback_frame_variables(self, request: Any, tb_frame: Any) -> Any:
         variables = super().get_traceback_frame_variables(request, tb_frame)
         return [(name, _mask(value)) for name, value in variables]
+
+    def get_safe_cookies(self, request: HttpRequest) -> dict[str, Any]:
+        # Every value: a session cookie in an error email is a logged-in session
+        # for whoever reads it (Django masks only names that look secret).
+        return {name: self.cleansed_substitute for name in request.COOKIES}
+
+
+class SecretsExceptionReporter(ExceptionReporter):
+    """Django's reporter, with the query string masked where it shows: the GET
+    items (by name and by value, as the ledger's rules do) and the request's
+    URI. ``DEFAULT_EXCEPTION_REPORTER`` names it."""
+
+    def get_traceback_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().get_traceback_data()
+        if "request_GET_items" in data:
+            items = [(key, redact(value, name=key)) for key, value in data["request_GET_items"]]
+            data["request_GET_items"] = [(key, _mask(value)) for key, value in items]
+        if isinstance(data.get("request_insecure_uri"), str):
+            data["request_insecure_uri"] = redact_text(data["request_insecure_uri"])
+        return data
 
 
 def _mask(value: Any, depth: int = 0) -> Any:

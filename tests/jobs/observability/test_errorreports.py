@@ -43,6 +43,18 @@ def test_an_error_email_masks_passwords_in_urls_locals_and_meta(production) -> N
     assert "10.0.0.5:6379" in body
 
 
+def test_an_error_email_masks_the_query_string_and_every_cookie(production) -> None:
+    client = Client(raise_request_exception=False)
+    client.cookies["sessionid"] = "session-secret-value"
+    response = client.get("/boom/?token=query-secret&page=2&next=https://u:url-secret@h/")
+    assert response.status_code == 500
+    [email] = mail.outbox
+    body = email.body + "".join(str(a[0]) for a in getattr(email, "alternatives", []))
+    for secret in ("query-secret", "url-secret", "session-secret-value"):
+        assert secret not in body, secret
+    assert "page" in body  # the rest of the query string is still there
+
+
 def test_a_flood_of_the_same_error_sends_one_email(production) -> None:
     client = Client(raise_request_exception=False)
     for _ in range(100):
