@@ -18,6 +18,7 @@ from django.template.loader import render_to_string
 from accounts import metrics
 from accounts.models import TaskRequest
 from jobs.consistency.idempotency import run_once
+from jobs.consistency.locks import redis_lock
 from jobs.consistency.outbox import send_on_commit
 from jobs.errors import PermanentJobError
 from jobs.runtime import progress
@@ -94,14 +95,22 @@ def _deliver(message: EmailMultiAlternatives) -> None:
         raise  # 4xx: the server asks us to try again later
 
 
+# Past this, an export waiting for the same account's previous one is retried.
+EXPORT_LOCK_WAIT_S = 30
+
+
 def user_export_build(*, user_id: int) -> dict[str, Any]:
     """What we hold about ``user_id``, as JSON: the result of an export task."""
     # Shown on the account page and at /api/tasks/<id>/ (outside a job: nothing).
-    progress.report(0, 2, "reading the account")
-    try:
-        user = User.objects.get(pk=user_id)
-    except User.DoesNotExist:
-        raise PermanentJobError(f"user {user_id} does not exist") from None
+    progress.report(0, 2, "starting")
+    # One export of an account at a time, on any worker: a second one waits
+    # here (its page says "starting") instead of reading the account alongside.
+    with redis_lock(f"user-export:{user_id}", ttl=60, wait=EXPORT_LOCK_WAIT_S):
+        progress.report(0, 2, "reading the account")
+        try:
+            user = User.objects.get(pk=user_id)
+        except User.DoesNotExist:
+            raise PermanentJobError(f"user {user_id} does not exist") from None
     progress.report(1, 2, "writing the export")
     joined = getattr(user, "date_joined", None)
     last_login = user.last_login

@@ -9,7 +9,9 @@ from typing import Any
 
 import dramatiq
 import pytest
+from django.contrib.auth.models import User
 
+from jobs.consistency.locks import redis_lock
 from tests.e2e.conftest import screenshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -47,10 +49,19 @@ def test_a_person_signs_up_logs_in_and_downloads_their_export(
     page.wait_for_url("**/accounts/")
     assert "grace@example.com" in page.content()
 
-    # Starts the export and watches it finish without reloading
-    page.get_by_role("button", name="Export my data").click()
+    # Starts the export while another export of the account holds its lock
+    # (one export of an account at a time): the page shows the job's progress.
+    user_id = User.objects.get(username="grace").pk
+    with redis_lock(f"user-export:{user_id}", ttl=60, wait=5):
+        page.get_by_role("button", name="Export my data").click()
+        page.locator("#export-progress").wait_for(state="visible")
+        page.get_by_text("Preparing your export (starting)...").wait_for()
+        assert page.locator("#export-progress").get_attribute("max") == "2"
+        screenshot(page, "account-export-progress")
+    # ... and then finish, without reloading
     download_link = page.get_by_role("link", name="Download the export (JSON)")
     download_link.wait_for(state="visible")
+    assert page.locator("#export-progress").is_hidden()
     assert page.locator("#export-status").inner_text() == "Your export is ready."
     screenshot(page, "account-export-ready")
 
