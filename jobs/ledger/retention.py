@@ -81,7 +81,7 @@ def prune(
     todo = plan(keep_failed=keep_failed, keep_succeeded_days=keep_succeeded_days)
     kinds: dict[str, QuerySet[Any]] = {
         "failed": todo.failed,
-        "succeeded/skipped": todo.finished,
+        "succeeded/skipped/cancelled": todo.finished,
         "sent outbox": todo.outbox,
         "checkpoints": todo.checkpoints,
     }

@@ -11,7 +11,8 @@ from jobs.ledger.retention import prune
 class Command(BaseCommand):
     help = (
         "Delete old job ledger rows: keep the newest JOBS_KEEP_FAILED failed jobs and the "
-        "succeeded/skipped jobs younger than JOBS_KEEP_SUCCEEDED_DAYS; delete outbox rows "
+        "succeeded, skipped and cancelled jobs younger than JOBS_KEEP_SUCCEEDED_DAYS; delete "
+        "outbox rows "
         "sent before that horizon and older checkpoints of jobs no longer kept. Works in "
         "batches."
     )

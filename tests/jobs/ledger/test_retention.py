@@ -142,7 +142,7 @@ def test_dry_run_counts_the_checkpoints_of_jobs_it_would_prune() -> None:
 
     output = prunejobs("--keep-days", "7", "--dry-run")
 
-    assert "1 succeeded/skipped, 0 sent outbox, 1 checkpoints" in output
+    assert "1 succeeded/skipped/cancelled, 0 sent outbox, 1 checkpoints" in output
     assert JobCheckpoint.objects.count() == 1
 
 
