@@ -26,6 +26,8 @@ from dramatiq.middleware import MiddlewareError
 from jobs.conf import jobs_settings
 from jobs.errors import DEFERRALS
 
+# Put back by a worker that did not know the actor (jobs.broker.unknown_actors).
+UNKNOWN_ACTOR_REQUEUES = "unknown_actor_requeues"
 # Options set by the broker, Retries, the rate limiter and the pause control,
 # never by a producer. Retries bounds the traceback (jobs.middleware.retries).
 DELIVERY_OPTIONS = frozenset(
@@ -37,6 +39,7 @@ DELIVERY_OPTIONS = frozenset(
         "requeue_timestamp",
         DEFERRALS,
         "pause_requeues",
+        UNKNOWN_ACTOR_REQUEUES,
     }
 )
 

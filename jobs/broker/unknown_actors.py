@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import dramatiq
 from dramatiq.common import q_name
 
+from jobs.broker.limits import UNKNOWN_ACTOR_REQUEUES
 from jobs.conf import jobs_settings
 
 if TYPE_CHECKING:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Message option: how often a worker that did not know the actor put it back.
-REQUEUES = "unknown_actor_requeues"
+# Message option: how often a worker that did not know the actor put it back
+# (a delivery option: not counted by the size limit, dropped by a retry).
+REQUEUES = UNKNOWN_ACTOR_REQUEUES
 _warned: dict[str, float] = {}
 WARN_EVERY_S = 60.0
 
@@ -78,6 +80,7 @@ def failure_event(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> Any
     from datetime import UTC, datetime
 
     from jobs.ledger import states
+    from jobs.ledger.redaction import REDACTED
     from jobs.ledger.writer import TERMINAL, Event
 
     now = datetime.now(UTC)
@@ -89,7 +92,9 @@ def failure_event(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> Any
     create = {
         "actor_name": message.actor_name,
         "queue_name": q_name(message.queue_name),
-        "args": [],
+        # A marker, not []: once the dead letter expires, the admin's retry
+        # must refuse to send the job without its arguments.
+        "args": [REDACTED],
         "kwargs": {},
         "options": {},
         "enqueued_at": datetime.fromtimestamp(message.message_timestamp / 1000, UTC),

@@ -87,7 +87,9 @@ def _positional_parameters(fn: Callable[..., Any]) -> tuple[list[str], list[str]
     """(positional names, [*args name] or [""]) of ``fn``: read once per function,
     as ``inspect.signature`` costs more than the rest of a job's ledger event."""
     try:
-        parameters = list(inspect.signature(inspect.unwrap(fn)).parameters.values())
+        # signature(), not signature(unwrap()): it honours a wrapper's __signature__
+        # (a Django task taking a context hides that parameter from its callers).
+        parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return [], [""]
     names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]

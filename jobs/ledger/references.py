@@ -58,8 +58,10 @@ def declared(actor: dramatiq.Actor[Any, Any]) -> dict[str, str]:
 @cache
 def _parameters(fn: Any) -> tuple[str, ...]:
     # Decorators (rate limits, locks) wrap actors with functools.wraps: the
-    # positions are those of the function underneath.
-    return tuple(inspect.signature(inspect.unwrap(fn)).parameters)
+    # positions are those of the function underneath, which signature() follows
+    # (through __wrapped__) unless a wrapper states its own (__signature__: a
+    # Django task taking a context hides that parameter from its callers).
+    return tuple(inspect.signature(fn).parameters)
 
 
 def references(

@@ -48,13 +48,13 @@ from typing import Any
 
 from django.db import (
     DEFAULT_DB_ALIAS,
-    DatabaseError,
     DataError,
     IntegrityError,
     connection,
     connections,
     transaction,
 )
+from django.db import Error as DjangoDbError
 
 from jobs.conf import jobs_settings
 from jobs.ledger.states import RUNNING
@@ -316,7 +316,9 @@ def caused_by_events(exc: BaseException) -> bool:
     """
     if isinstance(exc, IntegrityError | DataError):
         return True
-    return not isinstance(exc, DatabaseError)
+    # django.db.Error, not DatabaseError: InterfaceError (psycopg's "the
+    # connection is closed") is a sibling of DatabaseError, and about the database.
+    return not isinstance(exc, DjangoDbError)
 
 
 # The writer thread reconnects this often, so a database moved behind a proxy or

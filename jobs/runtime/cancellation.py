@@ -54,6 +54,7 @@ class Running:
     stopping: bool = False  # its own check() raised JobCancelled: it is unwinding
     ended: bool = False  # its function returned or raised
     forced: bool = False
+    depth: int = 0  # actor calls in progress in this thread (a job may call another)
     progress: object = None  # jobs.runtime.progress's throttle state
 
 
@@ -167,10 +168,18 @@ def guarded(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        running = registry.current()
+        if running is not None:
+            running.depth += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            registry.end()
+            # Only the outermost call ends the job: an actor the job calls
+            # directly returns inside it.
+            if running is not None:
+                running.depth -= 1
+                if running.depth == 0:
+                    registry.end()
 
     run.cancellation_guarded = True  # type: ignore[attr-defined]
     return run

@@ -185,13 +185,18 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
         chain = retry_chain(message_id)
     if not chain:
         return _from_outbox(message_id, backend)
-    if chain[-1].retried_as and intake.catch_up():
+    retry_pending = False
+    if chain[-1].retried_as:
         # An operator's retry was sent; its row may still be in the intake.
-        chain = retry_chain(message_id)
+        if intake.catch_up():
+            chain = retry_chain(message_id)
+        else:
+            # Not drained now (another process is at it): the retry waits in
+            # Redis. Not the failure before it, or a client polling until the
+            # task ends would stop there. (Drained and still no row: the retry
+            # was pruned or deleted, or never sent: the last row is the answer.)
+            retry_pending = True
     first, last = chain[0], chain[-1]
-    # Still no row for the retry: it waits in Redis. Not the failure before it,
-    # or a client polling until the task ends would stop at that failure.
-    retry_pending = bool(last.retried_as)
     worker_ids: list[str] = []
     errors: list[TaskError] = []
     starts: list[datetime] = []

@@ -14,7 +14,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import (
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    connection,
+)
 
 from jobs.ledger import writer as ledger
 from jobs.ledger.writer import TERMINAL, DatabaseUnreachable, Event
@@ -87,3 +94,20 @@ def test_a_refusal_in_the_middle_of_a_split_batch_keeps_the_whole_batch() -> Non
     assert ledger.stats.write_failures == failures
     ledger.write_now(events)
     assert Job.objects.filter(message_id__startswith="later-").count() == 5
+
+
+@pytest.mark.parametrize(
+    ("error", "events_fault"),
+    [
+        (IntegrityError("CHECK constraint failed"), True),
+        (DataError("value too long"), True),
+        (OverflowError("int too large to convert to SQLite INTEGER"), True),
+        (OperationalError("cannot execute INSERT in a read-only transaction"), False),
+        (InterfaceError("the connection is closed"), False),  # not a DatabaseError
+        (ProgrammingError('relation "jobs_job" does not exist'), False),
+    ],
+)
+def test_only_integrity_and_data_errors_are_the_events_fault(
+    error: Exception, events_fault: bool
+) -> None:
+    assert ledger.caused_by_events(error) is events_fault

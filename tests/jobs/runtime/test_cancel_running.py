@@ -328,3 +328,30 @@ def test_the_job_page_asks_before_retrying_a_job_that_failed_for_good(client: Cl
     assert "Retried: a new job was sent" in done.content.decode()
     job.refresh_from_db()
     assert job.retried_as
+
+
+def test_an_actor_called_inside_a_job_does_not_end_the_job_for_the_watcher() -> None:
+    seen: dict[str, bool] = {}
+
+    @cancellation.guarded
+    def inner() -> None:
+        pass
+
+    @cancellation.guarded
+    def outer() -> None:
+        inner()  # a job calling another actor's function directly
+        running = cancellation.registry.current()
+        assert running is not None
+        seen["ended after the inner call"] = running.ended
+
+    cancellation.registry.enter("nested")
+    try:
+        outer()
+        running = cancellation.registry.current()
+        assert running is not None
+        seen["ended after the job"] = running.ended
+    finally:
+        cancellation.registry.leave()
+
+    # Still forceable while the job runs on; ended once it returned.
+    assert seen == {"ended after the inner call": False, "ended after the job": True}

@@ -71,6 +71,11 @@ def which_attempt(context: TaskContext[Any, Any], key: str) -> dict[str, Any]:
     return {"attempt": context.attempt, "id": context.task_result.id}
 
 
+@task(takes_context=True)
+def with_context_and_a_key(context: TaskContext[Any, Any], user_id: int, api_key: str) -> None:
+    pass
+
+
 @task
 def returns_a_set() -> Any:
     return {1, 2}
@@ -428,3 +433,28 @@ def test_right_after_an_operators_retry_the_result_waits_for_the_retry(
     # Not the failure before it: a client polling until the end goes on.
     assert polled.status == TaskResultStatus.READY
     assert polled.finished_at is None
+
+
+def test_a_retry_whose_row_is_gone_leaves_the_result_at_the_failure_not_waiting(
+    broker: dramatiq.Broker,
+) -> None:
+    result = never_retried.enqueue("retried-then-pruned")
+    run_worker(broker)
+    job = Job.objects.get(message_id=result.id)
+    assert operations.retry_jobs(Job.objects.filter(pk=job.pk)).done == 1
+    job.refresh_from_db()
+    # The retry's row pruned (or deleted) later, the failed original kept.
+    Job.objects.filter(message_id=job.retried_as).delete()
+
+    polled = never_retried.get_result(result.id)
+
+    assert polled.status == TaskResultStatus.FAILED  # terminal, not READY for ever
+
+
+def test_a_task_taking_a_context_has_its_secret_argument_redacted_by_name() -> None:
+    # The context is not a positional argument of the message: names must not
+    # shift by one (api_key was read as user_id and stored in clear).
+    result = with_context_and_a_key.enqueue(7, "k-123456789")
+    ledger.flush()
+
+    assert Job.objects.get(message_id=result.id).args == [7, "[redacted]"]
