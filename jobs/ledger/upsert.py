@@ -20,7 +20,12 @@ if TYPE_CHECKING:
     from jobs.ledger.writer import Event
 
 Prepare = Callable[[Any], Any]
-_INTEGER_FIELDS = (models.IntegerField, models.BigIntegerField, models.PositiveIntegerField)
+_INTEGER_FIELDS = (
+    models.IntegerField,
+    models.BigIntegerField,
+    models.PositiveIntegerField,
+    models.PositiveBigIntegerField,
+)
 
 # What the watchdog writes with an end it guessed (a finished state below
 # TERMINAL, jobs.scheduling.watchdog), as SQL for the column's default: the
