@@ -164,6 +164,16 @@ def page(chromium_browser: Any) -> Iterator[Any]:
     context.close()
 
 
+@pytest.fixture
+def wide_page(chromium_browser: Any) -> Iterator[Any]:
+    """An operator's screen: 1366 px wide, 15 s for each wait."""
+    context = chromium_browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
 def screenshot(page: Any, name: str) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     path = ARTIFACTS / f"{name}.png"

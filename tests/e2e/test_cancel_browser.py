@@ -38,15 +38,6 @@ def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
     worker.stop()
 
 
-@pytest.fixture
-def wide_page(chromium_browser: Any) -> Iterator[Any]:
-    context = chromium_browser.new_context(viewport={"width": 1366, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
-
-
 def test_an_operator_sees_progress_and_stops_the_job(
     live_server: Any, wide_page: Any, worker: dramatiq.Worker
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import dramatiq
@@ -20,15 +19,6 @@ QUEUE = "live-test"
 @dramatiq.actor(queue_name=QUEUE, actor_name="live_refresh_job")
 def live_job(n: int) -> None:
     pass
-
-
-@pytest.fixture
-def wide_page(chromium_browser: Any) -> Iterator[Any]:
-    context = chromium_browser.new_context(viewport={"width": 1366, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(15_000)
-    yield page
-    context.close()
 
 
 def test_the_job_list_shows_new_jobs_without_a_reload_unless_rows_are_selected(

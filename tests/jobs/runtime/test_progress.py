@@ -21,16 +21,21 @@ QUEUE = "progress-test"
 seen: dict[str, Any] = {}
 
 
-@dramatiq.actor(queue_name=QUEUE, actor_name="progress_tight_loop")
-def tight_loop(items: int) -> None:
-    writes = []
+def counting_progress_writes(writes: list[str]) -> Any:
+    """A query wrapper that appends each progress UPDATE's SQL to ``writes``."""
 
     def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         if "progress_done" in sql and sql.lstrip().upper().startswith("UPDATE"):
             writes.append(sql)
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(count):
+    return connection.execute_wrapper(count)
+
+
+@dramatiq.actor(queue_name=QUEUE, actor_name="progress_tight_loop")
+def tight_loop(items: int) -> None:
+    writes: list[str] = []
+    with counting_progress_writes(writes):
         for n in range(items + 1):
             progress.report(n, items, f"item {n}")
     seen["writes"] = len(writes)
@@ -38,14 +43,8 @@ def tight_loop(items: int) -> None:
 
 @dramatiq.actor(queue_name=QUEUE, actor_name="progress_past_total")
 def past_total(reports: int) -> None:
-    writes = []
-
-    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "progress_done" in sql and sql.lstrip().upper().startswith("UPDATE"):
-            writes.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
+    writes: list[str] = []
+    with counting_progress_writes(writes):
         for n in range(reports):
             progress.report(n, 10)  # a total that was a guess, long passed
     progress.report(2**70, 2**70, "beyond any column")  # clamped, never the job's failure
