@@ -62,6 +62,42 @@ def test_a_malformed_variable_fails_start_up_naming_it(name: str, value: str) ->
     assert name in result.stderr
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        ":hunter2@redis:6379",  # no scheme: urlsplit sees no password in it
+        "user:hunter2@redis:6379",
+        "http://:hunter2@redis:6379",
+        "redis://:hunter2@redis:port/0",  # until checked: redis-py's ValueError at boot
+        "redis://:hunter2@[::1/0",
+        "redis://:hunter2@/0",
+        "redis://:hunter2@redis:6379/0?db=3",  # until checked: the cache on the broker's db
+    ],
+)
+def test_a_malformed_redis_url_is_named_without_its_password(value: str) -> None:
+    # Given a REDIS_URL a person got wrong, with a password in it
+    # When Django starts
+    result = start_django(REDIS_URL=value)
+    # Then the last line names the variable the person set, not the helper it
+    # reached (dramatiq_broker(url)) or redis-py's parser, and the password is
+    # nowhere in the output
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("django.core.exceptions.ImproperlyConfigured: REDIS_URL "), last
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def test_a_redis_url_without_its_scheme_is_told_how_to_write_it() -> None:
+    # redis-cli takes host:port, so that is what people paste
+    result = start_django(REDIS_URL="localhost:6379")
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (
+        "django.core.exceptions.ImproperlyConfigured: REDIS_URL must start with redis://, "
+        "rediss:// or unix://, got 'localhost:6379'; write 'redis://localhost:6379'"
+    )
+
+
 def test_production_refuses_the_insecure_dev_secret_key() -> None:
     result = start_django(DJANGO_DEBUG="0")
     assert result.returncode != 0

@@ -12,7 +12,10 @@ from jobs.scheduling.reports import report_generate, report_send
 
 
 class Command(BaseCommand):
-    help = "Produce the daily report for one date (default: yesterday) and mail it to the admins."
+    help = (
+        "Produce the daily report for one date (default: yesterday) and mail it to "
+        "JOBS_MAIL_RECIPIENTS."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--date", help="YYYY-MM-DD (default: yesterday in JOBS_SCHEDULE_TZ)")
