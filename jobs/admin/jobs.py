@@ -26,6 +26,7 @@ from jobs.admin.dashboard import dashboard_context
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.safety import SafeModelAdmin
 from jobs.admin.schedules import run_now, schedule_rows
+from jobs.admin.unreachable import answers_without_redis
 from jobs.admin.workers import workers_page
 from jobs.broker import queues, redis_broker
 from jobs.cli.failed import permanent_paths
@@ -242,7 +243,8 @@ class JobAdmin(SafeModelAdmin):
         if has_nul(request):  # a filter value PostgreSQL cannot compare: 400, not 500
             return HttpResponseBadRequest("A NUL character is not allowed in a filter.")
         intake.catch_up(timeout=self.INTAKE_WAIT)
-        return super().changelist_view(request, extra_context)
+        # Actions post here; cancel needs Redis.
+        return answers_without_redis(super().changelist_view)(request, extra_context)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -519,7 +521,11 @@ class JobAdmin(SafeModelAdmin):
             path(
                 "<int:object_id>/cancel/",
                 self.admin_site.admin_view(
-                    require_POST(lambda r, object_id: job_controls.cancel_one(self, r, object_id))
+                    require_POST(
+                        answers_without_redis(
+                            lambda r, object_id: job_controls.cancel_one(self, r, object_id)
+                        )
+                    )
                 ),
                 name="jobs_job_cancel",
             ),
@@ -532,12 +538,14 @@ class JobAdmin(SafeModelAdmin):
             ),
             path(
                 "schedules/<str:actor_name>/run/",
-                self.admin_site.admin_view(require_POST(self.run_now_view)),
+                self.admin_site.admin_view(require_POST(answers_without_redis(self.run_now_view))),
                 name="jobs_run_now",
             ),
             path(
                 "dashboard/queue/<str:queue_name>/<str:verb>/",
-                self.admin_site.admin_view(require_POST(self.queue_control_view)),
+                self.admin_site.admin_view(
+                    require_POST(answers_without_redis(self.queue_control_view))
+                ),
                 name="jobs_queue_control",
             ),
         ]

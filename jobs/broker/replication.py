@@ -76,9 +76,10 @@ def confirmed_by_replicas(
 ) -> Iterator[None]:
     """Enqueues inside return only once ``replicas`` replicas hold the message, else
     raise ``ReplicationNotConfirmed``; ``marker`` is written with the message.
-    ``replicas=0`` does nothing (no marker either: nothing will ask for it)."""
+    With ``replicas=0`` only the marker is written (kept ``keep_ms``): a caller
+    whose enqueue timed out asks for it before sending again. Neither: nothing."""
     ack = ReplicaAck(replicas, timeout_ms, marker, keep_ms)
-    token = _replica_ack.set(ack if replicas > 0 else None)
+    token = _replica_ack.set(ack if replicas > 0 or marker else None)
     try:
         yield
     finally:

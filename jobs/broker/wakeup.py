@@ -176,14 +176,7 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             # A plain EVALSHA, as the stock broker sends (redis-py's Script loads
             # the script again when a restarted or promoted server lacks it).
             return self._enqueue_script(keys=[self.namespace], args=args)
-        try:
-            replies, waited = self._enqueue_pipeline(args, ack)
-        except redis.exceptions.NoScriptError:
-            # Redis restarted (or a failover promoted a replica that never ran the
-            # script) and lost its script cache: load it and send again (nothing
-            # of the first try ran).
-            self.client.script_load(self._enqueue_script.script)
-            replies, waited = self._enqueue_pipeline(args, ack)
+        replies, waited = self._enqueue_pipeline(args, ack)
         replication.check_ack(self.client, ack, waited, replies)
         return replies[0]
 
@@ -203,11 +196,24 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         self, args: list[Any], ack: replication.ReplicaAck
     ) -> tuple[list[Any], bool]:
         pipe = self.client.pipeline(transaction=False)
-        # EVALSHA directly: redis-py's pipelined Script objects cost an extra
-        # SCRIPT EXISTS round trip on every execute.
-        pipe.evalsha(self._enqueue_script.sha, 1, self.namespace, *args)
+        # EVAL, the script's text, not EVALSHA: a Redis that lost its script
+        # cache (a restart, a failover) would refuse an EVALSHA with NOSCRIPT
+        # and still write the marker after it. Were that reply lost too, the
+        # marker would say "taken" of a message Redis never had. (And redis-py's
+        # pipelined Script objects cost a SCRIPT EXISTS round trip.)
+        pipe.eval(self._enqueue_script.script, 1, self.namespace, *args)
         waited = replication.add_ack(pipe, self.client, ack)
-        replies: list[Any] = pipe.execute()
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], Exception):
+            # The enqueue did not run (a script error), but the marker after it
+            # was written: a marker without its message would stop the caller
+            # sending it again.
+            if ack.marker:
+                self.client.delete(ack.marker)
+            raise replies[0]
+        for reply in replies[1:]:
+            if isinstance(reply, Exception):
+                raise reply
         return replies, waited
 
     def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from jobs.conf.redis_urls import check_redis_url, with_db, with_options
 from jobs.conf.sentinels import cache_location, parse_master, parse_sentinels
+from jobs.conf.timeouts import REQUEST
 
 # Dramatiq runs before_* hooks in this order and after_* hooks in reverse.
 MIDDLEWARE: tuple[str, ...] = (
@@ -48,11 +49,11 @@ MIDDLEWARE: tuple[str, ...] = (
     "jobs.middleware.running.RunningJobs",
 )
 
-# Fail fast on a dead Redis (the outbox keeps the message; a request must not
-# hang on it); a worker's blocking fetch waits less than the read timeout. A
-# request pays one cache timeout at most: jobs.consistency.reachability.
-BROKER_SOCKET_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 10}
-CACHE_SOCKET_TIMEOUT_S = 2
+# A request's timeouts: a worker raises them when it boots (jobs.conf.timeouts).
+BROKER_SOCKET_OPTIONS = {
+    "socket_connect_timeout": REQUEST.connect,
+    "socket_timeout": REQUEST.read,
+}
 
 
 def _sentinels(
@@ -128,8 +129,8 @@ def redis_cache(
         "KEY_PREFIX": key_prefix,
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
-            "SOCKET_CONNECT_TIMEOUT": CACHE_SOCKET_TIMEOUT_S,
-            "SOCKET_TIMEOUT": CACHE_SOCKET_TIMEOUT_S,
+            "SOCKET_CONNECT_TIMEOUT": REQUEST.connect,
+            "SOCKET_TIMEOUT": REQUEST.read,
         },
     }
     sentinel = _sentinels(sentinels, sentinel_master)

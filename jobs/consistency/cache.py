@@ -46,6 +46,7 @@ from jobs.broker.scripts import LuaScript
 from jobs.conf import jobs_settings
 from jobs.consistency.connection import default_redis
 from jobs.consistency.dedup import send_unique
+from jobs.consistency.outbox import send_on_commit
 from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 
 logger = logging.getLogger(__name__)
@@ -233,23 +234,17 @@ def invalidate_on_commit(namespace: str, *keys: str, warm: bool = False) -> None
     """Delete ``keys`` once the current transaction commits (now if none is open)."""
 
     def drop() -> None:
-        # With Redis unreachable the keys cannot be dropped now, and waiting on it
-        # again would only slow the request: they expire by their TTL, as keys
-        # whose invalidation failed always have (docs/howto/cache.md).
         if recently_unreachable():
-            logger.warning("Cache %s: Redis unreachable, %s not invalidated", namespace, keys)
+            _drop_later(namespace, keys, warm, "Redis unreachable a moment ago")
             return
         try:
             invalidate(namespace, *keys)
         except UNREACHABLE as exc:
             note_unreachable(exc)
-            logger.warning(
-                "Cache %s: Redis unreachable, %s not invalidated: %s", namespace, keys, exc
-            )
+            _drop_later(namespace, keys, warm, str(exc))
             return
         if warm:
-            for key in keys:
-                send_unique(warm_cache_key, f"cache-warm:{namespace}:{key}", namespace, key)
+            _warm(namespace, keys)
 
     transaction.on_commit(drop, robust=True)
 
@@ -288,9 +283,34 @@ def cache_loader(
     return register
 
 
+def _warm(namespace: str, keys: tuple[str, ...] | list[str]) -> None:
+    for key in keys:
+        send_unique(warm_cache_key, f"cache-warm:{namespace}:{key}", namespace, key)
+
+
+def _drop_later(namespace: str, keys: tuple[str, ...], warm: bool, why: str) -> None:
+    """Redis cannot drop the keys now, and a request must not wait on it again.
+    Left to their TTL, a Redis that comes back with its data (it hung, or was
+    cut off) would serve the old values until they expire; the outbox keeps
+    the drop instead, and a worker does it once Redis answers."""
+    logger.warning(
+        "Cache %s: Redis unreachable (%s); %s dropped once it answers", namespace, why, keys
+    )
+    send_on_commit(drop_cache_keys, namespace, list(keys), warm)
+
+
 def registered_namespaces() -> list[str]:
     """Namespaces with a loader: known before any read, so their metrics start at zero."""
     return sorted(_loaders)
+
+
+@dramatiq.actor(queue_name="cache", time_limit=60_000)
+def drop_cache_keys(namespace: str, keys: list[str], warm: bool = False) -> None:
+    """An invalidation Redis could not take at commit (``invalidate_on_commit``);
+    retried with backoff while Redis does not answer."""
+    invalidate(namespace, *keys)
+    if warm:
+        _warm(namespace, keys)
 
 
 @dramatiq.actor(queue_name="cache", max_retries=0, time_limit=60_000)

@@ -10,10 +10,14 @@ Right after commit it is published; if the broker is unreachable then, the
 request still succeeds, and the relay thread in every worker process publishes
 pending rows with backoff until the broker is back.
 
-Delivery is at-least-once: a relay that dies between publishing and marking the
-row sent publishes it again after the claim expires. Both copies carry the same
-message id; the ledger records one job and the actors' idempotency keys
-(``run_once`` / ``once_atomic``) keep the effect single.
+Each publish writes a marker key in the enqueue's own round trip, right after
+the message (``jobs.broker.replication``). A publish whose reply never came (a
+request's short timeout on a slow Redis, a relay killed before it marked the
+row sent) is not sent again blindly: the relay's next look finds the marker and
+settles the row. The marker is deleted once the reply is in. Only a Redis that
+lost both (a restart without persistence, a failover, below) gets the message
+again; both copies then carry the same message id, and the actors' idempotency
+keys (``run_once`` / ``once_atomic``) keep the effect single.
 
 Redis replicates asynchronously: a primary that dies right after taking a
 message may not have passed it to its replica, and Sentinel then promotes a
@@ -147,8 +151,9 @@ def publish(row_ids: list[int]) -> int:
             continue
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now(), claimed_until=None)
         sent += 1
-        if row.attempts > 1:
-            # Settled: nothing asks for its marker again (it would expire anyway).
+        if row.attempts > 1 or not jobs_settings.JOBS_OUTBOX_WAIT_REPLICAS:
+            # Settled: nothing asks for its marker again. (A marker whose WAIT
+            # confirmed in the same round trip expires within a minute.)
             with contextlib.suppress(redis.RedisError):
                 broker.client.delete(_marker(row.message_id))
     return sent

@@ -38,6 +38,7 @@ from django.db import connection
 from dramatiq.common import q_name
 
 from jobs.conf import jobs_settings
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger import writer
 from jobs.ledger.writer import DatabaseUnreachable, Event
 from jobs.middleware.control import PAUSE_REQUEUES
@@ -174,7 +175,7 @@ def catch_up(broker: Any = None, timeout: float = 2.0) -> bool:
     if not getattr(broker, "ledger_intake", False):
         return True
     now = time.monotonic()
-    if now < _reader_backoff_until or connection.in_atomic_block:
+    if now < _reader_backoff_until or connection.in_atomic_block or recently_unreachable():
         return False
     deadline = now + timeout
     try:
@@ -186,8 +187,10 @@ def catch_up(broker: Any = None, timeout: float = 2.0) -> bool:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
-    except Exception:
+    except Exception as exc:
         _reader_backoff_until = time.monotonic() + READER_BACKOFF_S
+        if isinstance(exc, UNREACHABLE):
+            note_unreachable(exc)
         logger.warning("Job ledger intake not read (Redis unreachable?)", exc_info=True)
         return False
 

@@ -8,12 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from jobs.broker import queues, redis_broker
 from jobs.broker.limits import DELIVERY_OPTIONS
 from jobs.consistency import dedup
+from jobs.consistency.outbox import message_send_on_commit
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
 from jobs.ledger.storable import altered
@@ -53,7 +56,7 @@ def _batches(queryset: QuerySet[Job], *fields: str) -> Iterator[list[dict[str, A
 
 def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
     """The failed message to send again: from the dead-letter set, else from the ledger."""
-    message = queues.dead_letter(row["queue_name"], row["redis_message_id"])
+    message = _dead_letter(row)
     if message is not None:
         return message
     if contains_redaction(row["args"]) or contains_redaction(row["kwargs"]):
@@ -69,13 +72,27 @@ def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
     )
 
 
+def _dead_letter(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
+    """The dead-lettered message, or None: gone, or Redis not answering (the
+    ledger's copy of the arguments serves then, unless it lost a secret)."""
+    if recently_unreachable():
+        return None
+    try:
+        return queues.dead_letter(row["queue_name"], row["redis_message_id"])
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        return None
+
+
 def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
     """Send failed jobs again as new messages linked to the original.
 
     A failed job is retried once: the new message's id is claimed on the failed
-    row by a conditional update before the message is sent, so a double click or
-    two operators at once send one message, whatever the ledger has written yet
-    (its rows arrive in batches, JOBS_LEDGER_FLUSH_MS).
+    row by a conditional update, so a double click or two operators at once
+    send one message, whatever the ledger has written yet (its rows arrive in
+    batches, JOBS_LEDGER_FLUSH_MS). The message goes through the outbox in the
+    claim's transaction: a Redis that is down or hung delays it (the relay
+    sends it once Redis answers) but neither loses it nor sends it twice.
     """
     outcome = Outcome()
     broker = redis_broker()
@@ -98,15 +115,17 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
                 outcome.skipped += 1
                 continue
             retry = _retry_message(row, original)
-            if not _claim(row["message_id"], retry.message_id):
-                outcome.already += 1
-                continue
             try:
-                broker.enqueue(retry)
-            except BaseException:
-                _release(row["message_id"], retry.message_id)  # not sent: may be retried again
-                raise
-            queues.drop_dead_letter(row["queue_name"], row["redis_message_id"])
+                with transaction.atomic():
+                    if not _claim(row["message_id"], retry.message_id):
+                        outcome.already += 1
+                        continue
+                    message_send_on_commit(retry)
+            except ValueError as exc:  # too large, or not storable by the outbox
+                logger.warning("Could not retry %s: %s", row["message_id"], exc)
+                outcome.skipped += 1
+                continue
+            _drop_dead_letter(row)
             outcome.done += 1
     logger.info(
         "Retried %d job(s), %d already retried, %d could not be retried",
@@ -115,6 +134,17 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
         outcome.skipped,
     )
     return outcome
+
+
+def _drop_dead_letter(row: dict[str, Any]) -> None:
+    """Best effort: a dead letter left behind expires with the others, and its
+    row's ``retried_as`` keeps it from being retried twice."""
+    if recently_unreachable():
+        return
+    try:
+        queues.drop_dead_letter(row["queue_name"], row["redis_message_id"])
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
 
 
 def _retry_message(row: dict[str, Any], original: dramatiq.Message[Any]) -> dramatiq.Message[Any]:
@@ -137,10 +167,6 @@ def _claim(failed_id: str, retry_id: str) -> bool:
         message_id=failed_id, state=states.FAILED, retried_as__isnull=True
     ).update(retried_as=retry_id)
     return claimed == 1
-
-
-def _release(failed_id: str, retry_id: str) -> None:
-    Job.objects.filter(message_id=failed_id, retried_as=retry_id).update(retried_as=None)
 
 
 def cancel_jobs(queryset: QuerySet[Job], *, by: str = "") -> Outcome:

@@ -5,6 +5,9 @@ Started anyway, it would run jobs whose ledger writes fail batch after batch (th
 admin shows no jobs) and log a traceback for each. One line says what to run.
 A database that cannot be reached is not a reason to refuse: the worker rides
 out outages, and the ledger keeps its events until the database is back.
+
+A worker, in-process or not, also takes the worker's Redis timeouts before its
+threads start (``jobs.broker.timeouts``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import sys
 
 import dramatiq
 from django.db import DatabaseError
+from dramatiq.brokers.redis import RedisBroker
 
+from jobs.broker.timeouts import use_worker_timeouts
 from jobs.broker.unconfigured import REFUSAL, UnconfiguredBroker
 from jobs.conf.migrations import pending_migrations, refusal
 
@@ -37,3 +42,9 @@ class Preflight(dramatiq.Middleware):
         if pending:
             logger.critical(refusal(pending))
             sys.exit(EXIT_NOT_READY)
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        # Dramatiq's Worker.start() sends it before the consumers and worker
+        # threads open connections (also for an in-process worker).
+        if isinstance(broker, RedisBroker):
+            use_worker_timeouts(broker)

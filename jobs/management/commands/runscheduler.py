@@ -8,6 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django_dramatiq.management.commands.rundramatiq import Command as RunDramatiq
 
+from jobs.broker import redis_broker
+from jobs.broker.timeouts import use_worker_timeouts
 from jobs.conf.migrations import pending_migrations, refusal
 from jobs.scheduling.scheduler import Scheduler, default_clock, periodic_actors
 
@@ -44,6 +46,7 @@ class Command(BaseCommand):
                 f" next {spec.next_valid_date(clock.now()).isoformat()}{extra}"
             )
         self.stdout.flush()
+        use_worker_timeouts(redis_broker())  # a worker's Redis timeouts, not a request's
         scheduler = Scheduler(actors, clock)
 
         def stop(signum: int, frame: FrameType | None) -> None:

@@ -54,7 +54,9 @@ def test_outbox_waits_for_a_replica_by_default_under_sentinel(settings) -> None:
 def test_the_broker_helper_lists_every_middleware_and_fails_fast_on_a_dead_redis() -> None:
     broker = dramatiq_broker("redis://127.0.0.1:6379/3", extra_middleware=["my.Middleware"])
     assert broker["MIDDLEWARE"] == [*MIDDLEWARE, "my.Middleware"]
-    assert "socket_connect_timeout=2" in broker["OPTIONS"]["url"]
+    assert (
+        "socket_connect_timeout=0.5" in broker["OPTIONS"]["url"]
+    )  # a request's (jobs.conf.timeouts)
     assert broker["OPTIONS"]["url"].startswith("redis://127.0.0.1:6379/3?")
 
 

@@ -6,14 +6,17 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import dramatiq
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.db import connection, transaction
+from django.utils import timezone
 from django_redis import get_redis_connection
 
+from jobs.consistency import reachability
 from jobs.consistency.cache import (
     bump_namespace,
     cache_loader,
@@ -21,7 +24,9 @@ from jobs.consistency.cache import (
     cached,
     invalidate_on_commit,
 )
+from jobs.consistency.outbox import relay_once
 from jobs.middleware.dedup import Dedup
+from jobs.models import OutboxMessage
 from tests.conftest import join, queued_messages
 
 
@@ -238,3 +243,25 @@ def test_warm_up_reloads_invalidated_keys_once(dedup_middleware: Dedup) -> None:
         worker.stop()
     assert warm_loads == ["k"]
     assert cached("warm-test", "k", lambda: "not used") == "warm:k"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_invalidation_redis_could_not_take_is_done_once_it_answers(
+    worker: dramatiq.Worker,
+) -> None:
+    # Given a cached value, and a process that just found Redis unreachable
+    # (a request's timeout: the next callers skip Redis for a quiet spell)
+    cached("profile-test", "7", lambda: "old")
+    reachability.note_unreachable()
+
+    # When a commit changes the row behind it
+    with transaction.atomic():
+        invalidate_on_commit("profile-test", "7")
+
+    # Then, Redis answering again, the old value is dropped by a worker (before,
+    # it was served until its TTL ran out) and the next read loads the new one
+    reachability.reset()
+    OutboxMessage.objects.update(created_at=timezone.now() - timedelta(minutes=1))
+    assert relay_once() == 1
+    join("cache")
+    assert cached("profile-test", "7", lambda: "new") == "new"

@@ -29,9 +29,11 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from jobs.broker import queues, workers
+from jobs.consistency import reachability
+from jobs.consistency.outbox import relay_once
 from jobs.errors import PermanentJobError
 from jobs.ledger import writer as ledger
-from jobs.models import Job
+from jobs.models import Job, OutboxMessage
 from tests.conftest import join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -360,7 +362,7 @@ def test_long_runs_report_progress_per_batch_on_stderr(broker: dramatiq.Broker) 
     assert len(queued_messages(QUEUE)) == 3
 
 
-def test_a_redis_failure_mid_run_says_how_far_it_got_and_a_rerun_does_the_rest(
+def test_a_redis_failure_mid_run_leaves_the_rest_to_the_outbox_once_each(
     broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given two failed jobs, and Redis refusing every send after the first
@@ -380,16 +382,20 @@ def test_a_redis_failure_mid_run_says_how_far_it_got_and_a_rerun_does_the_rest(
     # When both are retried, one per batch
     result = jobs("retry", "--all", "--yes", "--batch", "1", "--json")
 
-    # Then the command says how far it got, and exits 3
-    assert result.code == 3
-    report = result.json()
-    assert (report["matched"], report["done"]) == (2, 1)
-    assert report["error"] == "Redis unreachable: Connection refused"
+    # Then both are retried: the second waits in the outbox (before, the command
+    # stopped there with exit 3 and left the second for a rerun)
+    assert result.code == 0, result.err
+    assert result.json()["done"] == 2
+    assert len(queued_messages(QUEUE)) == 1
+    assert OutboxMessage.objects.filter(sent_at__isnull=True).count() == 1
 
-    # and, Redis back, running it again retries the rest once
+    # and, Redis back, the relay sends it; a rerun sends nothing more
     monkeypatch.undo()
+    reachability.reset()
+    OutboxMessage.objects.update(claimed_until=None, created_at=timezone.now() - timedelta(hours=1))
+    assert relay_once() == 1
     rerun = jobs("retry", "--all", "--yes", "--json").json()
-    assert (rerun["done"], rerun["already_retried"]) == (1, 1)
+    assert (rerun["done"], rerun["already_retried"]) == (0, 2)
     retried = [m.options["retry_of"] for m in queued_messages(QUEUE)]
     assert sorted(retried) == sorted([first.message_id, second.message_id])
 
