@@ -70,7 +70,9 @@ def test_a_malformed_variable_fails_start_up_naming_it(name: str, value: str) ->
         "http://:hunter2@redis:6379",
         "redis://:hunter2@redis:port/0",  # until checked: redis-py's ValueError at boot
         "redis://:hunter2@[::1/0",
-        "redis://:hunter2@/0",
+        "redis://:hunter2/x@redis:6379/0",  # a raw "/" ends urlsplit's netloc early
+        "redis://hunter2@redis:port/0",  # the password without its ":"
+        "redis://redis:6379/x?password=hunter2",
         "redis://:hunter2@redis:6379/0?db=3",  # until checked: the cache on the broker's db
     ],
 )
@@ -85,6 +87,14 @@ def test_a_malformed_redis_url_is_named_without_its_password(value: str) -> None
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("django.core.exceptions.ImproperlyConfigured: REDIS_URL "), last
     assert "hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("value", ["redis://:s3cret@/0", "redis://:6380/0", "redis:///0"])
+def test_a_redis_url_without_a_host_starts_as_under_sentinel(value: str) -> None:
+    # Under Sentinel REDIS_URL's host is not used (docs/howto/several-hosts.md)
+    sentinel = {"REDIS_SENTINELS": "127.0.0.1:26379", "REDIS_SENTINEL_MASTER": "mymaster"}
+    result = start_django(REDIS_URL=value, **sentinel)
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_redis_url_without_its_scheme_is_told_how_to_write_it() -> None:

@@ -7,38 +7,45 @@ uses the next one, so ``FLUSHDB`` on the cache never drops queued jobs.
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, parse_qs, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qs, urlencode, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
 _SCHEMES = {"redis", "rediss", "unix"}
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+# redis-py reads credentials from the query too (?password=, ?username=).
+_QUERY_SECRET_RE = re.compile(r"([?&](?:password|username)=)[^&#]*", re.IGNORECASE)
+_ENCODE_HINT = (
+    "; a password holding '/', '?' or '#' must be percent-encoded, "
+    "urllib.parse.quote(password, safe='')"
+)
 
 
 def redacted_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``: safe for messages and logs."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # an unclosed IPv6 bracket
-        return _without_userinfo(url)
-    if not url.startswith(f"{parts.scheme}://"):
-        # No "scheme://" ("localhost:6379", ":pw@host:6379"): urlsplit finds no
-        # password in it, yet what comes before an "@" may be one.
-        return _without_userinfo(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """``url`` with its credentials replaced by ``***``: safe for messages and logs.
+
+    Whatever comes before the last "@" may be a password, even past a raw "/",
+    "?" or "#" that made the URL's parser stop early; so is a ``?password=``. A
+    URL without credentials is returned as it is.
+    """
+    scheme = _SCHEME_RE.match(url)
+    head, rest = (scheme.group(0), url[scheme.end() :]) if scheme else ("", url)
+    if "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
+        user, colon, _ = userinfo.partition(":")
+        # The user name helps whoever reads the message, unless it is a password
+        # written without its ":" or one that holds what ends a user name.
+        keep = bool(colon) and not re.search(r"[/?#]", user)
+        rest = f"{user}:***@{rest}" if keep else f"***@{rest}"
+    return head + _QUERY_SECRET_RE.sub(r"\1***", rest)
 
 
-def _without_userinfo(url: str) -> str:
-    """``url`` with everything between ``scheme://`` and its last ``@`` as ``***``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    if "@" not in rest:
-        return url
-    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}"
+def _encode_hint(url: str) -> str:
+    """The percent-encoding advice, when an "@" lies past where the host ends: a
+    raw "/", "?" or "#" in the password cut the URL short."""
+    rest = url.partition("://")[2]
+    address = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return _ENCODE_HINT if "@" in rest and "@" not in address else ""
 
 
 def check_redis_url(name: str, url: str) -> None:
@@ -56,7 +63,7 @@ def _split(name: str, url: str) -> SplitResult:
         # The error's own text is not shown: it may quote a password put in the wrong place.
         raise ImproperlyConfigured(
             f"{name} has a malformed host or port: {shown!r} (a port is a number from 1 "
-            "to 65535, an IPv6 address goes in [])"
+            f"to 65535, an IPv6 address goes in []){_encode_hint(url)}"
         ) from None
     if parts.scheme not in _SCHEMES or not url.startswith(f"{parts.scheme}://"):
         # "localhost:6379", the form redis-cli takes, is the usual slip.
@@ -65,8 +72,8 @@ def _split(name: str, url: str) -> SplitResult:
             f"{name} must start with redis://, rediss:// or unix://, got {shown!r}"
             + (f"; write {'redis://' + url!r}" if bare else "")
         )
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ImproperlyConfigured(f"{name} has no host: {shown!r}")
+    # No host is allowed: redis-py then connects to localhost, and under Sentinel
+    # REDIS_URL's host is not used at all.
     if port == 0:
         raise ImproperlyConfigured(f"{name} needs a port from 1 to 65535: {shown!r}")
     return parts
@@ -85,9 +92,11 @@ def _db_of(name: str, url: str) -> int:
         )
     else:
         db = parts.path.lstrip("/") or "0"
-    if not db.isdigit():
+    # ASCII digits only: str.isdigit() takes "²", which int() then refuses.
+    if not re.fullmatch(r"[0-9]+", db):
         raise ImproperlyConfigured(
-            f"{name} has a database number that is not an integer: {redacted_url(url)!r}"
+            f"{name} has a database number that is not an integer: "
+            f"{redacted_url(url)!r}{_encode_hint(url)}"
         )
     return int(db)
 
@@ -97,9 +106,8 @@ def with_db(url: str, db: int) -> str:
     if parts.scheme == "unix":
         query = parse_qs(parts.query)
         query["db"] = [str(db)]
-        # urlunsplit would collapse "unix:///path" to "unix:/path".
-        return f"unix://{parts.netloc}{parts.path}?{urlencode(query, doseq=True)}"
-    return urlunsplit(parts._replace(path=f"/{db}"))
+        return _unsplit(parts._replace(query=urlencode(query, doseq=True)))
+    return _unsplit(parts._replace(path=f"/{db}"))
 
 
 def with_options(url: str, **options: object) -> str:
@@ -108,10 +116,16 @@ def with_options(url: str, **options: object) -> str:
     query = parse_qs(parts.query)
     for key, value in options.items():
         query.setdefault(key, [str(value)])
-    encoded = urlencode(query, doseq=True)
-    if parts.scheme == "unix":
-        return f"unix://{parts.netloc}{parts.path}?{encoded}"
-    return urlunsplit(parts._replace(query=encoded))
+    return _unsplit(parts._replace(query=urlencode(query, doseq=True)))
+
+
+def _unsplit(parts: SplitResult) -> str:
+    """``parts`` as a URL that keeps its "//" when the address part is empty:
+    urlunsplit writes "unix:///path" as "unix:/path" and "redis:///0" as
+    "redis:/0", which redis-py refuses."""
+    query = f"?{parts.query}" if parts.query else ""
+    fragment = f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}{query}{fragment}"
 
 
 def split_redis_url(name: str, url: str) -> tuple[str, str]:

@@ -1,8 +1,8 @@
 """The watchdog (a periodic job, every minute): ghost jobs, stale locks, stuck queues.
 
-Findings go to the log as warnings with structured fields and to the site admins
-by mail, at most one mail per kind of finding per ``WATCHDOG_MAIL_EVERY_MINUTES``
-so an incident sends one mail, not one a minute.
+Findings go to the log as warnings with structured fields and by mail to
+``JOBS_MAIL_RECIPIENTS``, at most one mail per kind of finding per
+``JOBS_WATCHDOG_MAIL_EVERY_MINUTES`` so an incident sends one mail, not one a minute.
 """
 
 from __future__ import annotations

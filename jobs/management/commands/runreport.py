@@ -33,5 +33,13 @@ class Command(BaseCommand):
         report = report_generate(day)
         self.stdout.write(report.text)
         if not options["no_mail"]:
-            sent = report_send(report)
-            self.stdout.write("Mailed to the admins." if sent else "Already mailed earlier.")
+            self.stdout.write(self._mailed(report_send(report)))
+
+    def _mailed(self, sent: bool) -> str:
+        # The count, not the addresses: the output may end up in a CI or cron log.
+        count = len(jobs_settings.JOBS_MAIL_RECIPIENTS)
+        if not count:
+            return "Not mailed: JOBS_MAIL_RECIPIENTS is empty."
+        if not sent:
+            return "Already mailed earlier."
+        return f"Mailed to {count} recipient{'s' if count > 1 else ''} (JOBS_MAIL_RECIPIENTS)."

@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 from django.core import mail
 from django.core.management import call_command
 from django.test import Client
+from pytest_django.fixtures import Settings
 
 from jobs.models import DailyReport, Job, JobAttempt
 from jobs.scheduling.reports import report_figures
@@ -92,15 +93,19 @@ def test_the_report_runs_once_under_duplicate_delivery(
 
 
 @pytest.mark.django_db
-def test_runreport_produces_one_on_demand_and_the_admin_shows_it(client: Client) -> None:
+def test_runreport_produces_one_on_demand_and_the_admin_shows_it(
+    client: Client, settings: Settings
+) -> None:
     seed()
+    settings.JOBS_MAIL_RECIPIENTS = ["ops@example.com", "ada@example.com"]
     out = StringIO()
 
     call_command("runreport", "--date", "2026-11-28", stdout=out)
     call_command("runreport", "--date", "2026-11-28", stdout=out)
 
     assert DailyReport.objects.count() == 1
-    assert "Mailed to the admins." in out.getvalue()
+    # Who it went to, by the setting that names them (ADMINS may be empty)
+    assert "Mailed to 2 recipients (JOBS_MAIL_RECIPIENTS)." in out.getvalue()
     assert "Already mailed earlier." in out.getvalue()
     assert len(mail.outbox) == 1
     User.objects.create_superuser("root", "r@example.com", "pw")
@@ -108,6 +113,17 @@ def test_runreport_produces_one_on_demand_and_the_admin_shows_it(client: Client)
     report = DailyReport.objects.get()
     html = client.get(f"/admin/jobs/dailyreport/{report.pk}/change/").content.decode()
     assert "New signups: 3" in html
+
+
+@pytest.mark.django_db
+def test_runreport_says_it_mailed_no_one_when_no_one_is_named(settings: Settings) -> None:
+    settings.JOBS_MAIL_RECIPIENTS = []
+    out = StringIO()
+
+    call_command("runreport", "--date", "2026-11-28", stdout=out)
+
+    assert out.getvalue().splitlines()[-1] == "Not mailed: JOBS_MAIL_RECIPIENTS is empty."
+    assert mail.outbox == []
 
 
 def test_runreport_rejects_a_bad_date() -> None:
