@@ -39,7 +39,7 @@ from dramatiq.brokers.redis import _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from jobs.broker import room, strays, unknown_actors
+from jobs.broker import clock, room, strays, unknown_actors
 from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
 from jobs.ledger import writer as ledger
@@ -86,7 +86,9 @@ return 1
 # message that maintenance already handed back stays queued). One EVALSHA per
 # message cost the writer thread ~13 arguments to pack and a script call each.
 # KEYS: namespace. ARGV: timestamp, broker id, queue name, redis message ids.
-_ACK_MANY = LuaScript("""
+_ACK_MANY = LuaScript(
+    clock.FIRST_ARG_PREFIX
+    + """
 local acks = KEYS[1] .. ":__acks__." .. ARGV[2] .. "." .. ARGV[3]
 local messages = KEYS[1] .. ":" .. ARGV[3] .. ".msgs"
 redis.call("zadd", KEYS[1] .. ":__heartbeats__", ARGV[1], ARGV[2])
@@ -96,7 +98,8 @@ for i = 4, #ARGV do
   end
 end
 return 1
-""")
+"""
+)
 # Messages per _ACK_MANY call: a script blocks Redis while it runs.
 ACKS_PER_CALL = 500
 

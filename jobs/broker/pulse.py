@@ -92,8 +92,8 @@ def pulse() -> int:
     import django
 
     django.setup()
-    from jobs.broker import redis_broker, registry
-    from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval, heartbeats_key
+    from jobs.broker import clock, redis_broker, registry
+    from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval
 
     parent = os.getppid()
     host = socket.gethostname()
@@ -107,7 +107,7 @@ def pulse() -> int:
             if known:
                 now_ms = int(time.time() * 1000)
                 pipe = client.pipeline(transaction=False)
-                pipe.zadd(heartbeats_key(), {broker_id: now_ms for broker_id in known.values()})
+                clock.queue_beat(pipe, redis_broker().namespace, list(known.values()))
                 for (pid, _started), broker_id in known.items():
                     pipe.set(f"{PREFIX}{host}:{pid}", broker_id, ex=TTL_SECONDS)
                     registry.beat_for(pipe, host, pid, broker_id, now_ms)

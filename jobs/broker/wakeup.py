@@ -37,7 +37,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 
-from jobs.broker import replication
+from jobs.broker import clock, replication
 from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.hooks import QuietHooks
 from jobs.broker.packed import NotSent, PackedEnqueue
@@ -112,6 +112,11 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         super().__init__(**options)  # type: ignore[no-untyped-call]
         self.instant_wakeup = instant_wakeup
         wake = _WAKE_ON_ENQUEUE if instant_wakeup else ""
+        # Every dispatch (fetch, ack, nack, maintenance, enqueue) on Redis's
+        # clock, with no verdict on workers right after an outage.
+        self.scripts["dispatch"] = self.client.register_script(
+            clock.DISPATCH_PREFIX.encode() + self.scripts["dispatch"].script
+        )
         self._enqueue_script = self.client.register_script(
             (_INTAKE_ON_ENQUEUE + wake).encode() + self.scripts["dispatch"].script
         )

@@ -33,7 +33,7 @@ import socket
 import threading
 import time
 
-from jobs.broker import redis_broker, registry
+from jobs.broker import clock, redis_broker, registry
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def beat() -> None:
     broker = redis_broker()
     now_ms = int(time.time() * 1000)
     pipe = broker.client.pipeline(transaction=False)
-    pipe.zadd(heartbeats_key(), {broker.broker_id: now_ms})
+    clock.queue_beat(pipe, broker.namespace, [broker.broker_id])
     pipe.set(_key(), broker.broker_id, ex=TTL_SECONDS)
     # The record the admin's workers page keeps for an hour, in the same round trip.
     registry.beat(pipe, broker.broker_id, now_ms)
@@ -96,12 +96,10 @@ def presence_exists(host: str, pid: int) -> bool:
 
 
 def holder_alive(holder: str) -> bool:
-    """True while broker id ``holder`` has a heartbeat younger than the timeout."""
+    """True while broker id ``holder`` has a heartbeat younger than the timeout, or
+    Redis came back from an outage too recently to judge (``jobs.broker.clock``)."""
     broker = redis_broker()
-    last_ms = broker.client.zscore(heartbeats_key(), holder)
-    if last_ms is None:  # never beat, or maintenance already buried it
-        return False
-    return bool(time.time() * 1000 - float(last_ms) < broker.heartbeat_timeout)
+    return clock.holder_alive(broker.client, broker.namespace, holder, broker.heartbeat_timeout)
 
 
 class Heartbeat:
