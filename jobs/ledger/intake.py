@@ -112,6 +112,45 @@ def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[bytes]
     return events, kept
 
 
+# How many intake entries a peek reads: the intake is drained within a flush
+# interval, so a message sent moments ago is near its head.
+PEEK_LIMIT = 1_000
+
+
+def peek(message_id: str, broker: Any = None) -> dramatiq.Message[Any] | None:
+    """The message ``message_id`` if it waits in the intake, read from Redis only.
+
+    For a reader that cannot drain (inside a transaction: the rows would be
+    rolled back with it) and must still see a job sent moments ago. None when
+    it is not there (drained already, or past ``PEEK_LIMIT``) or Redis does
+    not answer.
+    """
+    broker = broker if broker is not None else dramatiq.get_broker()
+    if not getattr(broker, "ledger_intake", False) or recently_unreachable():
+        return None
+    try:
+        entries = broker.client.lrange(intake_key(broker.namespace), 0, PEEK_LIMIT - 1)
+        by_queue: dict[str, list[str]] = {}
+        for entry in entries:
+            queue_name, _, redis_id = entry.decode().partition("\n")
+            by_queue.setdefault(queue_name, []).append(redis_id)
+        pipe = broker.client.pipeline(transaction=False)
+        for queue_name, ids in by_queue.items():
+            pipe.hmget(f"{broker.namespace}:{queue_name}.msgs", ids)
+        replies = pipe.execute() if by_queue else []
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        return None
+    needle = message_id.encode()
+    for found in replies:
+        for data in found:
+            if data is not None and needle in data:  # cheap before decoding
+                message = dramatiq.Message.decode(data)
+                if message.message_id == message_id:
+                    return message
+    return None
+
+
 def drain(broker: Any, *, deadline: float | None = None) -> bool | None:
     """Write the entries the intake holds now to the database.
 

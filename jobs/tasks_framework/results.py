@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import dramatiq
 from django.utils.module_loading import import_string
 
 from jobs.ledger import states
@@ -84,6 +85,23 @@ def _build(
     # Frozen dataclass: the framework's own backends set it the same way.
     object.__setattr__(result, "_return_value", return_value)
     return result
+
+
+def _waiting(message: dramatiq.Message[Any], backend: str) -> TaskResult[Any, Any]:
+    return _build(
+        task_of(message.actor_name, message.queue_name),
+        backend,
+        message.message_id,
+        status=TaskResultStatus.READY,
+        enqueued_at=from_millis(message.message_timestamp),
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=list(message.args),
+        kwargs=dict(message.kwargs),
+        errors=[],
+        worker_ids=[],
+    )
 
 
 def _from_outbox(message_id: str, backend: str) -> TaskResult[Any, Any]:
@@ -180,9 +198,14 @@ def result_read(message_id: str, *, backend: str) -> TaskResult[Any, Any]:
     from jobs.ledger import intake
 
     chain = retry_chain(message_id)
-    if not chain and intake.catch_up():
+    if not chain:
         # Sent moments ago: its row may still be in the ledger's Redis intake.
-        chain = retry_chain(message_id)
+        if intake.catch_up():
+            chain = retry_chain(message_id)
+        elif (waiting := intake.peek(message_id)) is not None:
+            # Not drained now (the reader is inside a transaction, or another
+            # process is draining): the intake's copy says it waits.
+            return _waiting(waiting, backend)
     if not chain:
         return _from_outbox(message_id, backend)
     retry_pending = False

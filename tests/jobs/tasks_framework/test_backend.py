@@ -309,6 +309,24 @@ def test_a_result_is_found_right_after_the_enqueue_with_the_shipped_batching(set
     assert add.get_result(result.id).status == TaskResultStatus.READY
 
 
+def test_a_result_is_found_inside_a_transaction_for_a_task_sent_before_it(settings) -> None:
+    # Given the shipped ledger batches, and a task sent (outside a transaction:
+    # straight to Redis) before the reader's transaction: its row is still in
+    # the Redis intake, which a reader inside a transaction cannot drain
+    # (issue 29, item 6; before: TaskResultDoesNotExist)
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    result = add.enqueue(4, 5)
+    assert not Job.objects.filter(message_id=result.id).exists()
+
+    # When it is read inside a transaction
+    with transaction.atomic():
+        found = add.get_result(result.id)
+
+    # Then it is found, waiting, with its arguments
+    assert found.status == TaskResultStatus.READY
+    assert found.args == [4, 5]
+
+
 def test_it_raises_for_an_unknown_id() -> None:
     with pytest.raises(TaskResultDoesNotExist):
         add.get_result("no-such-id")
