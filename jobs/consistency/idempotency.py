@@ -42,7 +42,7 @@ from dramatiq.middleware import CurrentMessage
 from jobs.broker import workers
 from jobs.errors import Deferred, JobForceCancelled, TransientJobError
 from jobs.models import EffectRecord
-from jobs.observability.unavailable import is_outage
+from jobs.observability.unavailable import is_lock_contention, is_outage
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,10 @@ def run_once(
 
 
 def _mark_done(key: str, token: str) -> None:
-    """Mark the claim done, through a database outage of up to ``MARK_DONE_PATIENCE``."""
+    """Mark the claim done, through a database outage or a write lock held by
+    another transaction (SQLite's busy timeout ran out) for up to
+    ``MARK_DONE_PATIENCE``: the effect ran, and a claim left "running" would
+    end the job ``EffectStuck`` after its lease, its effect done."""
     deadline = time.monotonic() + MARK_DONE_PATIENCE.total_seconds()
     pause = POLL_SECONDS
     while True:
@@ -219,9 +222,11 @@ def _mark_done(key: str, token: str) -> None:
             return
         except DatabaseError as exc:
             # Inside a caller's transaction the connection cannot be replaced.
-            if not is_outage(exc) or connection.in_atomic_block or time.monotonic() > deadline:
+            waitable = is_outage(exc) or is_lock_contention(exc)
+            if not waitable or connection.in_atomic_block or time.monotonic() > deadline:
                 raise
             logger.warning("Effect %s ran; marking it done waits for the database: %s", key, exc)
-            connection.close()  # the lost connection is unusable; the next query reconnects
+            if is_outage(exc):
+                connection.close()  # the lost connection is unusable; the next query reconnects
             time.sleep(pause)
             pause = min(pause * 2, 5.0)

@@ -53,6 +53,27 @@ def is_outage(exception: BaseException) -> bool:
     return cause.sqlstate is None or cause.sqlstate.startswith(_LOST_CONNECTION_STATES)
 
 
+# SQLite's result codes for a write lock held too long by another connection.
+_SQLITE_BUSY, _SQLITE_LOCKED = 5, 6
+# PostgreSQL: lock_not_available (lock_timeout), deadlock, serialization failure.
+_LOCK_STATES = ("55P03", "40P01", "40001")
+
+
+def is_lock_contention(exception: BaseException) -> bool:
+    """Whether ``exception`` says another transaction held a lock too long: the
+    same statement can succeed once it is released (not an outage: a request
+    still gets its 500, but a write that must not be lost may try again)."""
+    if not isinstance(exception, OperationalError):
+        return False
+    cause = exception.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)  # extended codes too
+    if psycopg is not None and isinstance(cause, psycopg.Error):
+        return cause.sqlstate in _LOCK_STATES
+    return False
+
+
 def unavailable(request: HttpRequest, exception: BaseException) -> HttpResponse:
     """The 503 answer to an outage, logged once as a warning."""
     logger.warning("Database unavailable, answered 503: %s", exception)
