@@ -97,6 +97,12 @@ def cancel_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> 
     return redirect(reverse("admin:jobs_job_change", args=[job.pk]))
 
 
+UNREACHABLE_RETRY = (
+    "Redis is not answering: the failed message it keeps cannot be read, so nothing "
+    "was sent. Try again once Redis is back."
+)
+
+
 def retry_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> HttpResponse:
     if not request.user.has_perm("jobs.retry_job"):
         return HttpResponse("You may not retry jobs.", status=403)
@@ -112,11 +118,18 @@ def retry_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> H
     outcome = operations.retry_jobs(Job.objects.filter(pk=job.pk))
     if outcome.done:
         text = "Retried: a new job was sent (linked under Payload, 'retries')."
+        if outcome.kept:
+            text = (
+                "Retried: Redis is not answering, so the new job is kept and sent once "
+                "it is back (linked under Payload, 'retries')."
+            )
         if permanent_failure(job):
             text += " It had failed for good: unless the cause was fixed, it fails again."
         admin.message_user(request, text, messages.SUCCESS)
     elif outcome.already:
         admin.message_user(request, "Already retried: not sent again.", messages.WARNING)
+    elif outcome.unreachable:
+        admin.message_user(request, UNREACHABLE_RETRY, messages.ERROR)
     else:
         admin.message_user(
             request,

@@ -23,6 +23,7 @@ from django_dramatiq.models import Task
 
 from jobs.admin import job_controls
 from jobs.admin.dashboard import dashboard_context
+from jobs.admin.job_controls import UNREACHABLE_RETRY
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.safety import SafeModelAdmin
 from jobs.admin.schedules import run_now, schedule_rows
@@ -243,8 +244,9 @@ class JobAdmin(SafeModelAdmin):
         if has_nul(request):  # a filter value PostgreSQL cannot compare: 400, not 500
             return HttpResponseBadRequest("A NUL character is not allowed in a filter.")
         intake.catch_up(timeout=self.INTAKE_WAIT)
-        # Actions post here; cancel needs Redis.
-        return answers_without_redis(super().changelist_view)(request, extra_context)
+        if request.POST.get("action") == "cancel_selected":  # the list action that needs Redis
+            return answers_without_redis(super().changelist_view)(request, extra_context)
+        return super().changelist_view(request, extra_context)
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -436,7 +438,8 @@ class JobAdmin(SafeModelAdmin):
             else 0
         )
         outcome = operations.retry_jobs(queryset)
-        self.message_user(request, f"Retried {outcome.done} job(s).", messages.SUCCESS)
+        kept = f" ({outcome.kept} kept until Redis answers)" if outcome.kept else ""
+        self.message_user(request, f"Retried {outcome.done} job(s){kept}.", messages.SUCCESS)
         if permanent and outcome.done:
             names = ", ".join(path.rpartition(".")[2] for path in paths)
             self.message_user(
@@ -459,6 +462,9 @@ class JobAdmin(SafeModelAdmin):
                 "dead-letter set and the stored arguments were redacted, or the actor is gone.",
                 messages.WARNING,
             )
+        if outcome.unreachable:
+            text = f"{outcome.unreachable} job(s) not retried. {UNREACHABLE_RETRY}"
+            self.message_user(request, text, messages.ERROR)
 
     @admin.action(description="Cancel selected jobs (waiting or running)", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
@@ -538,13 +544,17 @@ class JobAdmin(SafeModelAdmin):
             ),
             path(
                 "schedules/<str:actor_name>/run/",
-                self.admin_site.admin_view(require_POST(answers_without_redis(self.run_now_view))),
+                self.admin_site.admin_view(
+                    require_POST(answers_without_redis(self.run_now_view, "admin:jobs_schedules"))
+                ),
                 name="jobs_run_now",
             ),
             path(
                 "dashboard/queue/<str:queue_name>/<str:verb>/",
                 self.admin_site.admin_view(
-                    require_POST(answers_without_redis(self.queue_control_view))
+                    require_POST(
+                        answers_without_redis(self.queue_control_view, "admin:jobs_dashboard")
+                    )
                 ),
                 name="jobs_queue_control",
             ),

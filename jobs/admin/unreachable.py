@@ -2,11 +2,10 @@
 
 Pausing a queue, cancelling a job or running a schedule now needs Redis. With
 Redis down or hung the action says so, on the page it came from, after one
-short wait at most (``jobs.consistency.reachability`` spares the next ones).
-A command that timed out may still have run: the message says that it may have
-taken effect, and doing it again is safe (pause and cancel are idempotent, a
-schedule's "run now" is claimed per minute). Retrying needs no Redis: it goes
-through the outbox.
+short wait at most (a request's read timeout). A command that timed out may
+still have run: the message says that it may have taken effect, and doing it
+again is safe (pause and cancel are idempotent, a schedule's "run now" is
+claimed per minute). Retrying needs no Redis: it goes through the outbox.
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ from typing import Any
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable
 
-NOTHING_DONE = "Redis is not answering: nothing was changed. Try again once it is back."
 MAYBE_DONE = (
     "Redis did not answer in time: this may or may not have taken effect. "
     "Look again once Redis is back; doing it again is safe."
@@ -30,29 +29,30 @@ MAYBE_DONE = (
 View = Callable[..., HttpResponse]
 
 
-def answers_without_redis(view: View) -> View:
-    """``view``, whose POSTs say so while Redis does not answer."""
+def answers_without_redis(view: View, back: str = "admin:jobs_job_changelist") -> View:
+    """``view``, whose POSTs say so when Redis does not answer; back to the page
+    they came from, else to the URL named ``back``. The view runs first, so its
+    permission check does too; a hung Redis costs it one read timeout at most
+    (``jobs.conf.timeouts``)."""
 
     @wraps(view)
     def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method != "POST":
             return view(request, *args, **kwargs)
-        if recently_unreachable():
-            return _back(request, NOTHING_DONE)
         try:
             return view(request, *args, **kwargs)
         except UNREACHABLE as exc:
             note_unreachable(exc)
             # A command may have reached Redis before the connection failed.
-            return _back(request, MAYBE_DONE)
+            return _back(request, MAYBE_DONE, back)
 
     return guarded
 
 
-def _back(request: HttpRequest, notice: str) -> HttpResponse:
+def _back(request: HttpRequest, notice: str, back: str) -> HttpResponse:
     messages.error(request, notice)
     referer = request.META.get("HTTP_REFERER", "")
     safe = url_has_allowed_host_and_scheme(
         referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     )
-    return HttpResponseRedirect(referer if safe else request.get_full_path())
+    return HttpResponseRedirect(referer if safe else reverse(back))

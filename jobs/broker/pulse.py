@@ -93,8 +93,10 @@ def pulse() -> int:
 
     django.setup()
     from jobs.broker import clock, redis_broker, registry
+    from jobs.broker.timeouts import use_worker_timeouts
     from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval
 
+    use_worker_timeouts(redis_broker())  # a worker's, not a request's: it beats for them
     parent = os.getppid()
     host = socket.gethostname()
     client = redis_broker().client

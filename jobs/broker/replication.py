@@ -153,17 +153,15 @@ def gauge_for(client: redis.Redis) -> ReplicaGauge:
         return gauge
 
 
-def add_ack(pipe: Any, client: redis.Redis, ack: ReplicaAck) -> bool:
-    """Queue the marker and the WAIT after an enqueue in ``pipe``; whether WAIT was queued."""
-    wait = ack.replicas > 0 and gauge_for(client).can_confirm(ack.replicas)
-    if ack.marker:
-        ttl = UNREAD_MARKER_TTL_MS + ack.timeout_ms if wait else ack.keep_ms
-        pipe.set(ack.marker, 1, px=ttl)
-    if wait:
-        # WAIT counts the replicas holding this connection's writes, so it must
-        # ride in the same pipeline (one connection) as the enqueue.
-        pipe.execute_command("WAIT", ack.replicas, ack.timeout_ms)
-    return wait
+def will_wait(client: redis.Redis, ack: ReplicaAck) -> bool:
+    """Whether an enqueue under ``ack`` waits for its replicas (WAIT) now."""
+    return ack.replicas > 0 and gauge_for(client).can_confirm(ack.replicas)
+
+
+def marker_ttl_ms(ack: ReplicaAck, waits: bool) -> int:
+    """How long the marker written with the message lasts: a minute past a WAIT
+    that may confirm at once, else as long as the caller may come back."""
+    return UNREAD_MARKER_TTL_MS + ack.timeout_ms if waits else ack.keep_ms
 
 
 def check_ack(client: redis.Redis, ack: ReplicaAck, waited: bool, replies: list[Any]) -> None:

@@ -46,10 +46,17 @@ def retime(pool: ConnectionPool, timeouts: Timeouts) -> None:
         current = kwargs.get(key)
         if current is not None and current < seconds:
             kwargs[key] = seconds
+            # redis-py 8 goes back to the "orig_" value after a server's
+            # maintenance notice: the worker's, from now on.
+            if f"orig_{key}" in kwargs:
+                kwargs[f"orig_{key}"] = seconds
             changed = True
     if changed:
-        # Idle connections were opened with the old timeouts: open them again.
+        # Connections made so far keep the timeouts they were made with: close
+        # the idle ones and forget them all, so the pool makes new ones (one
+        # in use now is closed by its own pool's check when it comes back).
         pool.disconnect(inuse_connections=False)
+        pool.reset()
 
 
 def _cache_pools() -> list[ConnectionPool]:

@@ -79,6 +79,20 @@ end
 """
 
 
+# First of all in the enqueue script: a message sent with a marker
+# (jobs.broker.replication: the outbox) is enqueued only if its marker is not
+# there yet, and the marker is written in the same atomic step. A copy sent
+# again (a relay after a lost reply, a request's bytes that arrived after the
+# relay looked) then does nothing. ARGV[12], ARGV[13]: the marker and its TTL.
+_ONCE_PER_MARKER = """
+if ARGV[1] == "enqueue" and ARGV[12] then
+    if not redis.call("set", ARGV[12], 1, "NX", "PX", ARGV[13]) then
+        return 0
+    end
+end
+"""
+
+
 def wake_key(namespace: str, queue_name: str) -> str:
     return f"{namespace}:{queue_name}.wake"
 
@@ -118,7 +132,8 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             clock.DISPATCH_PREFIX.encode() + self.scripts["dispatch"].script
         )
         self._enqueue_script = self.client.register_script(
-            (_INTAKE_ON_ENQUEUE + wake).encode() + self.scripts["dispatch"].script
+            (_ONCE_PER_MARKER + _INTAKE_ON_ENQUEUE + wake).encode()
+            + self.scripts["dispatch"].script
         )
         # Built at the first send: it asks Redis for the Lua stack size, and
         # nothing may talk to Redis while Django starts.
@@ -161,8 +176,11 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         ledger intake entry in one command (with the marker and WAIT of
         ``jobs.broker.replication`` when asked for)."""
         ack = replication.current_ack()
-        extra = (1,) if intake else ()
-        if ack is None:
+        waits = ack is not None and replication.will_wait(self.client, ack)
+        extra: tuple[object, ...] = (1,) if intake else ()
+        if ack is not None and ack.marker:
+            extra = (int(intake), ack.marker, replication.marker_ttl_ms(ack, waits))
+        if not waits:
             try:
                 packed = self._packed or self._pack_enqueue()
                 command = packed.pack(
@@ -173,16 +191,28 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
                     data,
                     extra,
                 )
-                return packed.send(command)
+                reply = packed.send(command)
             except (redis.exceptions.NoScriptError, NotSent):
-                pass  # sent again below, as the stock broker sends (jobs.broker.packed)
+                # Nothing of it ran (the marker is written by the script):
+                # sent again below, as the stock broker sends (jobs.broker.packed)
+                args = [*self._dispatch_args("enqueue", queue_name, redis_message_id, data)]
+                # A plain EVALSHA, as the stock broker sends (redis-py's Script
+                # loads the script again when a restarted or promoted server lacks it).
+                reply = self._enqueue_script(keys=[self.namespace], args=[*args, *extra])
+            if ack is not None:
+                replication.check_ack(self.client, ack, False, [reply])
+            return reply
+        assert ack is not None
         args = [*self._dispatch_args("enqueue", queue_name, redis_message_id, data), *extra]
-        if ack is None:
-            # A plain EVALSHA, as the stock broker sends (redis-py's Script loads
-            # the script again when a restarted or promoted server lacks it).
-            return self._enqueue_script(keys=[self.namespace], args=args)
-        replies, waited = self._enqueue_pipeline(args, ack)
-        replication.check_ack(self.client, ack, waited, replies)
+        try:
+            replies = self._enqueue_pipeline(args, ack)
+        except redis.exceptions.NoScriptError:
+            # Redis restarted (or a failover promoted a replica that never ran the
+            # script) and lost its script cache: load it and send again (nothing
+            # of the first try ran: the marker is the script's own).
+            self.client.script_load(self._enqueue_script.script)
+            replies = self._enqueue_pipeline(args, ack)
+        replication.check_ack(self.client, ack, True, replies)
         return replies[0]
 
     def _pack_enqueue(self) -> PackedEnqueue:
@@ -197,29 +227,16 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         )
         return self._packed
 
-    def _enqueue_pipeline(
-        self, args: list[Any], ack: replication.ReplicaAck
-    ) -> tuple[list[Any], bool]:
+    def _enqueue_pipeline(self, args: list[Any], ack: replication.ReplicaAck) -> list[Any]:
+        """The enqueue and the WAIT for replicas, on one connection (WAIT counts
+        the replicas holding this connection's writes)."""
         pipe = self.client.pipeline(transaction=False)
-        # EVAL, the script's text, not EVALSHA: a Redis that lost its script
-        # cache (a restart, a failover) would refuse an EVALSHA with NOSCRIPT
-        # and still write the marker after it. Were that reply lost too, the
-        # marker would say "taken" of a message Redis never had. (And redis-py's
-        # pipelined Script objects cost a SCRIPT EXISTS round trip.)
-        pipe.eval(self._enqueue_script.script, 1, self.namespace, *args)
-        waited = replication.add_ack(pipe, self.client, ack)
-        replies: list[Any] = pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], Exception):
-            # The enqueue did not run (a script error), but the marker after it
-            # was written: a marker without its message would stop the caller
-            # sending it again.
-            if ack.marker:
-                self.client.delete(ack.marker)
-            raise replies[0]
-        for reply in replies[1:]:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies, waited
+        # EVALSHA directly: redis-py's pipelined Script objects cost an extra
+        # SCRIPT EXISTS round trip on every execute.
+        pipe.evalsha(self._enqueue_script.sha, 1, self.namespace, *args)
+        pipe.execute_command("WAIT", ack.replicas, ack.timeout_ms)
+        replies: list[Any] = pipe.execute()
+        return replies
 
     def _dispatch_args(self, command: str, queue_name: str, *args: Any) -> list[Any]:
         # The argument layout of dispatch.lua, as RedisBroker._dispatch builds it.

@@ -45,6 +45,7 @@ class Run:
     done: int = 0
     already_retried: int = 0
     not_retriable: int = 0  # message gone from Redis and arguments redacted, or actor gone
+    redis_away: int = 0  # retry: not tried, Redis not answering (its message there unread)
     permanent: int = 0  # failed for good, left alone without --include-permanent
     permanent_errors: list[str] = field(default_factory=list)
     requested: int = 0  # cancel: running jobs asked to stop
@@ -86,6 +87,7 @@ class Run:
         else:
             self.already_requested += outcome.already
         self.not_retriable += outcome.skipped
+        self.redis_away += outcome.unreachable
         self.requested += outcome.requested
 
     def document(self) -> dict[str, Any]:
@@ -100,6 +102,7 @@ class Run:
             document |= {
                 "already_retried": self.already_retried,
                 "not_retriable": self.not_retriable,
+                "redis_not_answering": self.redis_away,
                 "permanent_skipped": self.permanent,
                 "permanent_errors": self.permanent_errors,
             }
@@ -134,6 +137,11 @@ class Run:
             lines.append(
                 f"{self.not_retriable:,} could not be retried: their message left the "
                 "dead-letter set and their stored arguments were redacted, or the actor is gone."
+            )
+        if self.redis_away:
+            lines.append(
+                f"{self.redis_away:,} not retried: Redis is not answering, and their failed "
+                "message is kept there. Run this again once Redis is back."
             )
         if self.permanent:
             lines.append(

@@ -10,14 +10,17 @@ Right after commit it is published; if the broker is unreachable then, the
 request still succeeds, and the relay thread in every worker process publishes
 pending rows with backoff until the broker is back.
 
-Each publish writes a marker key in the enqueue's own round trip, right after
-the message (``jobs.broker.replication``). A publish whose reply never came (a
-request's short timeout on a slow Redis, a relay killed before it marked the
-row sent) is not sent again blindly: the relay's next look finds the marker and
-settles the row. The marker is deleted once the reply is in. Only a Redis that
-lost both (a restart without persistence, a failover, below) gets the message
-again; both copies then carry the same message id, and the actors' idempotency
-keys (``run_once`` / ``once_atomic``) keep the effect single.
+Each publish writes a marker key in the enqueue script itself, and the script
+enqueues only if the marker was not there (``jobs.broker.wakeup``): a message
+is taken once per marker, however often it is sent. A publish whose reply never
+came (a request's short timeout on a slow Redis, a relay killed before it
+marked the row sent) is settled by the relay's next look, which finds the
+marker; a copy still on its way when the relay looked does nothing when it
+arrives. Markers expire (an hour past the message's delay; a day while a
+replica has not confirmed). Only a Redis that lost both (a restart without
+persistence, a failover, below) gets the message again; both copies then carry
+the same message id, and the actors' idempotency keys (``run_once`` /
+``once_atomic``) keep the effect single.
 
 Redis replicates asynchronously: a primary that dies right after taking a
 message may not have passed it to its replica, and Sentinel then promotes a
@@ -42,7 +45,6 @@ message; the row then still stands, and the relay sends the message again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -50,7 +52,6 @@ from datetime import timedelta
 from typing import Any
 
 import dramatiq
-import redis
 from django.db import close_old_connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -73,6 +74,10 @@ _ETA = "outbox_eta"
 # plus this, renewed at each relay visit, deleted once the row is settled.
 MARKER_PREFIX = "jobs:outbox:held:"
 MARKER_KEEP_MS = 24 * 3600 * 1000
+# Without replicas to wait for, every publish leaves a marker: an hour bounds
+# their memory (a key per message) and outlasts the relay's backoff and a
+# copy delayed in the network.
+SINGLE_MARKER_KEEP_MS = 3600 * 1000
 
 
 class PayloadNotStorable(ValueError):
@@ -151,11 +156,6 @@ def publish(row_ids: list[int]) -> int:
             continue
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now(), claimed_until=None)
         sent += 1
-        if row.attempts > 1 or not jobs_settings.JOBS_OUTBOX_WAIT_REPLICAS:
-            # Settled: nothing asks for its marker again. (A marker whose WAIT
-            # confirmed in the same round trip expires within a minute.)
-            with contextlib.suppress(redis.RedisError):
-                broker.client.delete(_marker(row.message_id))
     return sent
 
 
@@ -166,8 +166,9 @@ def _publish_row(broker: RedisBroker, row: OutboxMessage) -> None:
     options = dict(row.payload.get("options", {}))
     eta, now = options.pop(_ETA, None), time.time() * 1000
     delay = None if eta is None or eta <= now else int(eta - now)
-    # The marker must outlast the message's delay and the relay's visits.
-    keep_ms = (delay or 0) + MARKER_KEEP_MS
+    # The marker must outlast the message's delay and the relay's visits (and
+    # a copy still on its way: it is never deleted, it expires).
+    keep_ms = (delay or 0) + (MARKER_KEEP_MS if replicas else SINGLE_MARKER_KEEP_MS)
     if row.attempts > 1:
         if _ledger_saw_it_start(row.message_id):
             return  # an earlier publish reached a worker: it survived

@@ -20,7 +20,7 @@ from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recentl
 from jobs.ledger import states
 from jobs.ledger.redaction import contains_redaction
 from jobs.ledger.storable import altered
-from jobs.models import Job
+from jobs.models import Job, OutboxMessage
 
 logger = logging.getLogger(__name__)
 BATCH = 500
@@ -39,7 +39,15 @@ class Outcome:
     # retry: jobs retried before (one retry per failed job); cancel: running
     # jobs asked to stop before
     already: int = 0
+    # retry: of ``done``, those kept in the outbox (Redis did not take them yet)
+    kept: int = 0
+    # retry: not tried, Redis not answering (their message there cannot be read)
+    unreachable: int = 0
     requested: int = 0  # cancel only: running jobs asked to stop (they end "cancelled")
+
+
+class _RedisAway(Exception):
+    """The dead-letter set could not be read: the message whole is not known."""
 
 
 def _batches(queryset: QuerySet[Job], *fields: str) -> Iterator[list[dict[str, Any]]]:
@@ -59,29 +67,35 @@ def _original_message(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
     message = _dead_letter(row)
     if message is not None:
         return message
-    if contains_redaction(row["args"]) or contains_redaction(row["kwargs"]):
+    stored = (row["args"], row["kwargs"], row["options"])  # options: a pipeline's next step
+    if any(contains_redaction(part) for part in stored):
         return None  # the stored arguments lost a secret; sending them would be wrong
-    if altered(row["args"]) or altered(row["kwargs"]):
+    if any(altered(part) for part in stored):
         return None  # ... or a character or number the database could not store
     return dramatiq.Message(
         queue_name=row["queue_name"],
         actor_name=row["actor_name"],
         args=tuple(row["args"]),
         kwargs=row["kwargs"],
-        options={},
+        # The job's own options (a pipeline's next step, a time limit); the
+        # delivery ones are dropped with the rest in _retry_message.
+        options=dict(row["options"] or {}),
     )
 
 
 def _dead_letter(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
-    """The dead-lettered message, or None: gone, or Redis not answering (the
-    ledger's copy of the arguments serves then, unless it lost a secret)."""
+    """The dead-lettered message, or None once it expired (the ledger's copy of
+    the arguments serves then). Raises ``_RedisAway`` when Redis does not
+    answer: the ledger keeps only some options (not a pipeline's next step, nor
+    callbacks), so a retry built from it while the whole message may still be
+    in Redis would quietly lose them."""
     if recently_unreachable():
-        return None
+        raise _RedisAway
     try:
         return queues.dead_letter(row["queue_name"], row["redis_message_id"])
     except UNREACHABLE as exc:
         note_unreachable(exc)
-        return None
+        raise _RedisAway from exc
 
 
 def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
@@ -103,6 +117,7 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
         "redis_message_id",
         "args",
         "kwargs",
+        "options",
         "retried_as",
     )
     for rows in _batches(queryset.filter(state=states.FAILED), *fields):
@@ -110,7 +125,11 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
             if row["retried_as"] is not None:
                 outcome.already += 1
                 continue
-            original = _original_message(row) if row["actor_name"] in broker.actors else None
+            try:
+                original = _original_message(row) if row["actor_name"] in broker.actors else None
+            except _RedisAway:
+                outcome.unreachable += 1
+                continue
             if original is None:
                 outcome.skipped += 1
                 continue
@@ -127,11 +146,16 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
                 continue
             _drop_dead_letter(row)
             outcome.done += 1
+            if OutboxMessage.objects.filter(message_id=retry.message_id, sent_at=None).exists():
+                outcome.kept += 1
     logger.info(
-        "Retried %d job(s), %d already retried, %d could not be retried",
+        "Retried %d job(s) (%d kept until Redis answers), %d already retried, "
+        "%d could not be retried, %d not tried (Redis not answering)",
         outcome.done,
+        outcome.kept,
         outcome.already,
         outcome.skipped,
+        outcome.unreachable,
     )
     return outcome
 

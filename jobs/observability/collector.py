@@ -7,14 +7,33 @@ reads the state of the other packages, while ``metrics`` depends on none of them
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.observability import metrics
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _Skipped(Exception):
+    """Redis did not answer this process a moment ago: the figure is left out."""
+
+
+def _from_redis(read: Callable[[], T]) -> T:
+    """``read()``, unless Redis did not answer this process a moment ago: a hung
+    Redis would cost each scrape one read timeout per figure (3 s measured)."""
+    if recently_unreachable():
+        raise _Skipped
+    try:
+        return read()
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        raise
 
 
 class StateCollector(Collector):
@@ -37,12 +56,14 @@ class StateCollector(Collector):
             "jobs_queue_paused", "1 if the queue is paused", labels=["queue"]
         )
         try:
-            for stat in queues.all_queue_stats():
+            for stat in _from_redis(queues.all_queue_stats):
                 waiting.add_metric([stat.name], stat.waiting)
                 delayed.add_metric([stat.name], stat.delayed)
                 dead.add_metric([stat.name], stat.dead)
                 oldest.add_metric([stat.name], stat.oldest_waiting_age_s or 0.0)
                 paused.add_metric([stat.name], 1 if stat.paused else 0)
+        except _Skipped:
+            pass  # Redis is away: the figure is left out of this scrape
         except Exception:
             logger.warning("Could not read queue state for metrics", exc_info=True)
         yield from (waiting, delayed, dead, oldest, paused)
@@ -53,9 +74,11 @@ class StateCollector(Collector):
             # Registered namespaces at zero until their first read, as actors are in
             # declare_known_series: a fresh system shows 0, not nothing.
             known = {namespace: {"hits": 0, "misses": 0} for namespace in registered_namespaces()}
-            for namespace, counts in sorted({**known, **cache_stats()}.items()):
+            for namespace, counts in sorted({**known, **_from_redis(cache_stats)}.items()):
                 hits.add_metric([namespace], counts["hits"])
                 misses.add_metric([namespace], counts["misses"])
+        except _Skipped:
+            pass  # Redis is away: the figure is left out of this scrape
         except Exception:
             logger.warning("Could not read cache counters for metrics", exc_info=True)
         yield from (hits, misses)
@@ -65,14 +88,18 @@ class StateCollector(Collector):
             "First sends waiting in Redis for the workers to write their ledger rows",
         )
         try:
-            intake.add_metric([], _intake_waiting())
+            intake.add_metric([], _from_redis(_intake_waiting))
+        except _Skipped:
+            pass  # Redis is away: the figure is left out of this scrape
         except Exception:
             logger.warning("Could not read the ledger intake for metrics", exc_info=True)
         yield intake
 
         workers = GaugeMetricFamily("jobs_workers_alive", "Worker processes with a fresh heartbeat")
         try:
-            workers.add_metric([], len(live_workers()))
+            workers.add_metric([], len(_from_redis(live_workers)))
+        except _Skipped:
+            pass  # Redis is away: the figure is left out of this scrape
         except Exception:
             logger.warning("Could not read worker heartbeats for metrics", exc_info=True)
         yield workers

@@ -46,6 +46,8 @@ def test_a_worker_raises_them_before_its_threads_use_redis(
     for pool in (broker.client.connection_pool, cache_pool()):
         monkeypatch.setitem(pool.connection_kwargs, "socket_connect_timeout", REQUEST.connect)
         monkeypatch.setitem(pool.connection_kwargs, "socket_timeout", REQUEST.read)
+        pool.reset()
+    broker.client.ping()  # a connection made before the boot, with a request's timeout
 
     # When a worker boots in it
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
@@ -54,6 +56,11 @@ def test_a_worker_raises_them_before_its_threads_use_redis(
         # Then the broker and the cache take the worker's, and the fetch's wait
         # on the wake list follows (half the read timeout)
         assert timeouts(broker.client.connection_pool) == WORKER_BROKER
+        connection = broker.client.connection_pool.get_connection()
+        try:  # not the one made before: a new one, with the worker's timeout
+            assert connection.socket_timeout == WORKER_BROKER.read
+        finally:
+            broker.client.connection_pool.release(connection)
         assert timeouts(cache_pool()) == WORKER_CACHE
         consumers: list[Any] = [thread.consumer for thread in worker.consumers.values()]
         assert {c.max_wait_ms for c in consumers if hasattr(c, "max_wait_ms")} == {5_000}

@@ -32,6 +32,7 @@ from jobs.broker import queues, workers
 from jobs.consistency import reachability
 from jobs.consistency.outbox import relay_once
 from jobs.errors import PermanentJobError
+from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job, OutboxMessage
 from tests.conftest import join, queued_messages
@@ -398,6 +399,44 @@ def test_a_redis_failure_mid_run_leaves_the_rest_to_the_outbox_once_each(
     assert (rerun["done"], rerun["already_retried"]) == (0, 2)
     retried = [m.options["retry_of"] for m in queued_messages(QUEUE)]
     assert sorted(retried) == sorted([first.message_id, second.message_id])
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def cli_next_step(note: str) -> None:
+    pass
+
+
+def test_a_retry_while_redis_is_away_waits_for_the_whole_message(broker: dramatiq.Broker) -> None:
+    # Given a failed first step of a pipeline: its next step is in the message
+    # Redis keeps dead-lettered, not in the ledger's row
+    first = cli_flaky.message_with_options(args=("piped",), time_limit=12_345)
+    dramatiq.pipeline([first, cli_next_step.message("then")]).run()  # type: ignore[no-untyped-call]
+    (job,) = fail(broker, first)
+    assert "pipe_target" not in job.options
+
+    # When an operator retries it while Redis has just failed to answer this
+    # process (the dead letter cannot be read)
+    reachability.note_unreachable()
+    try:
+        away = jobs("retry", "--all", "--yes", "--json")
+    finally:
+        reachability.reset()
+
+    # Then nothing is sent, and the command says why (before: a retry built
+    # from the ledger, without the next step, so the pipeline stopped there)
+    assert away.json()["done"] == 0
+    assert away.json()["redis_not_answering"] == 1
+    assert away.code != 0
+    job.refresh_from_db()
+    assert job.retried_as is None
+
+    # and once Redis answers, the retry carries the whole message
+    outcome = operations.retry_jobs(Job.objects.filter(pk=job.pk))
+    assert outcome.done == 1
+    job.refresh_from_db()
+    [retry] = [m for m in queued_messages(QUEUE) if m.message_id == job.retried_as]
+    assert retry.options["pipe_target"]["actor_name"] == "cli_next_step"
+    assert retry.options["time_limit"] == 12_345
 
 
 # --- cancel ------------------------------------------------------------------
