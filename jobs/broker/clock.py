@@ -81,19 +81,25 @@ return jobs_now
 
 # KEYS: namespace. ARGV: broker id, heartbeat timeout (ms). 1 while the holder
 # beat within the timeout, or while the contact period is too young to judge.
+# It notes contact as a dispatch does: after an outage it may be the first
+# command Redis serves (a job's run_once asking about a claim's holder).
 _HOLDER_ALIVE = LuaScript(
     _NOW
     + """
-local last = redis.call("zscore", KEYS[1] .. ":__heartbeats__", ARGV[1])
-if not last then
-    return 0
-end
 local timeout = tonumber(ARGV[2])
-if jobs_now - tonumber(last) < timeout then
-    return 1
+local last_contact = tonumber(redis.call("get", KEYS[1] .. ":__last_contact__") or "0")
+if jobs_now - last_contact >= 50 then
+    redis.call("set", KEYS[1] .. ":__last_contact__", jobs_now)
+    if jobs_now - last_contact > timeout / 2 then
+        redis.call("set", KEYS[1] .. ":__contact_since__", jobs_now)
+    end
 end
 local since = tonumber(redis.call("get", KEYS[1] .. ":__contact_since__") or "0")
 if jobs_now - since < timeout then
+    return 1
+end
+local last = redis.call("zscore", KEYS[1] .. ":__heartbeats__", ARGV[1])
+if last and jobs_now - tonumber(last) < timeout then
     return 1
 end
 return 0

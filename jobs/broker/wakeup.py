@@ -87,6 +87,9 @@ end
 _ONCE_PER_MARKER = """
 if ARGV[1] == "enqueue" and ARGV[12] then
     if not redis.call("set", ARGV[12], 1, "NX", "PX", ARGV[13]) then
+        -- Taken before. Written again, so that a WAIT after this command
+        -- counts the replicas holding the marker (and the message before it).
+        redis.call("set", ARGV[12], 1, "XX", "PX", ARGV[13])
         return 0
     end
 end

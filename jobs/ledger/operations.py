@@ -146,7 +146,11 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
                 continue
             _drop_dead_letter(row)
             outcome.done += 1
-            if OutboxMessage.objects.filter(message_id=retry.message_id, sent_at=None).exists():
+            # Inside a caller's transaction (ATOMIC_REQUESTS) the publish waits
+            # for its commit: not known yet, not counted.
+            published_now = not transaction.get_connection().in_atomic_block
+            pending = OutboxMessage.objects.filter(message_id=retry.message_id, sent_at=None)
+            if published_now and pending.exists():
                 outcome.kept += 1
     logger.info(
         "Retried %d job(s) (%d kept until Redis answers), %d already retried, "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from django.utils.module_loading import import_string
+from dramatiq.common import q_name
 
 from jobs.ledger import states
 from jobs.tasks_framework.compat import (
@@ -88,8 +89,9 @@ def _build(
 
 
 def _waiting(message: dramatiq.Message[Any], backend: str) -> TaskResult[Any, Any]:
+    # A task sent with run_after waits in the delay queue ("<queue>.DQ").
     return _build(
-        task_of(message.actor_name, message.queue_name),
+        task_of(message.actor_name, q_name(message.queue_name)),
         backend,
         message.message_id,
         status=TaskResultStatus.READY,

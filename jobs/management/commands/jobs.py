@@ -146,7 +146,7 @@ class Command(BaseCommand):
             target["include_permanent"] = options["include_permanent"]
         counted = run.matched if run.dry_run or run.declined else run.done + run.requested
         audit(action, target=target, count=counted, outcome=run.outcome)
-        if run.error:
+        if run.error or run.redis_away:  # Redis could not be reached, for some at least
             return EXIT_UNAVAILABLE
         return EXIT_OK if run.complete else EXIT_PARTIAL
 

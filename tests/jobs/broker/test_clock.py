@@ -172,3 +172,35 @@ def test_after_an_outage_longer_than_the_timeout_no_live_worker_is_judged_dead(
         # while a W that stopped beating is found dead once its timeout passes
         assert judge_until(client, dispatch, seconds=5)
         assert not clock.holder_alive(client, NS, "W", TIMEOUT_MS)
+
+
+def test_after_an_outage_a_claim_asked_about_first_still_has_a_live_holder(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    # Given W beating (holding a run_once claim) with Redis in contact for long
+    dispatch = Dispatch(client)
+    assert server.process is not None
+    with bystander(dispatch):
+        settle(dispatch)
+        dispatch("qsize", "W")
+
+    # and Redis hung past the timeout
+    os.kill(server.process.pid, signal.SIGSTOP)
+    time.sleep(2.5 * TIMEOUT_MS / 1000)
+    os.kill(server.process.pid, signal.SIGCONT)
+
+    # When another job's run_once asks about the claim's holder before anything
+    # else reaches Redis, Then W is alive (before: dead, and the claim taken over)
+    assert clock.holder_alive(client, NS, "W", TIMEOUT_MS)
+
+
+def test_a_redis_restarted_empty_judges_no_holder_for_a_timeout(client: redis.Redis) -> None:
+    # Given a Redis that lost every heartbeat (restarted without persistence)
+    client.flushall()
+
+    # Then a claim's holder is not judged dead before it could beat again
+    assert clock.holder_alive(client, NS, "W", TIMEOUT_MS)
+    # (and one that does not beat within a timeout of contact is)
+    with bystander(Dispatch(client)):
+        time.sleep(TIMEOUT_MS / 1000 * 1.2)
+        assert not clock.holder_alive(client, NS, "W", TIMEOUT_MS)

@@ -309,13 +309,17 @@ def test_a_result_is_found_right_after_the_enqueue_with_the_shipped_batching(set
     assert add.get_result(result.id).status == TaskResultStatus.READY
 
 
-def test_a_result_is_found_inside_a_transaction_for_a_task_sent_before_it(settings) -> None:
+@pytest.mark.parametrize("run_after", [None, timedelta(minutes=5)], ids=["now", "later"])
+def test_a_result_is_found_inside_a_transaction_for_a_task_sent_before_it(
+    settings, run_after: timedelta | None
+) -> None:
     # Given the shipped ledger batches, and a task sent (outside a transaction:
     # straight to Redis) before the reader's transaction: its row is still in
     # the Redis intake, which a reader inside a transaction cannot drain
     # (issue 29, item 6; before: TaskResultDoesNotExist)
     settings.JOBS_LEDGER_FLUSH_MS = 200
-    result = add.enqueue(4, 5)
+    sender = add.using(run_after=timezone.now() + run_after) if run_after else add
+    result = sender.enqueue(4, 5)  # one sent with run_after waits in "<queue>.DQ"
     assert not Job.objects.filter(message_id=result.id).exists()
 
     # When it is read inside a transaction
