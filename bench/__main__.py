@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
         django.setup()
         # Importing registers the scenarios (after set-up: they use the broker).
+        import bench.console_scenarios
         import bench.queue_scenarios
         import bench.scenarios
         import bench.wakeup_load

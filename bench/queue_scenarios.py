@@ -517,3 +517,119 @@ def middleware_cost(context: Context) -> list[Row]:
         # middleware, not to the wall time per job above.
         rows.append(Row(f"hooks of {name}", f"{seconds / jobs * 1e6:.0f} us/job (thread time)"))
     return rows
+
+
+@measured(
+    "concurrency-key",
+    "a concurrency key whose limit is never reached, against the same actor without one "
+    "(full stack, 1x8 and 2x8)",
+)
+def concurrency_key(context: Context) -> list[Row]:
+    n = 1_000 if context.quick else 20_000
+    databases = _sqlite_copies(context)
+    plain = _fresh(STACKS["ours"])
+    keyed = Stack("keyed", {**STACKS["ours"].env, "BENCH_CONCURRENCY_KEY": "1"}, LEDGER_DONE)
+    rows: list[Row] = []
+    for processes in (1,) if context.quick else (1, 2):
+        rates: dict[str, list[float]] = {"plain": [], "keyed": []}
+        for run in range(context.runs):
+            for name, stack in (("plain", plain), ("keyed", keyed)):  # interleaved
+                rates[name].append(
+                    _drain_rate(
+                        stack,
+                        n=n,
+                        processes=processes,
+                        context=context,
+                        databases=databases,
+                        run=run,
+                    )
+                )
+        rows.append(
+            _ratio_row(
+                f"with a key {processes}x8",
+                statistics.median(rates["keyed"]),
+                "without",
+                statistics.median(rates["plain"]),
+                0.95,
+            )
+        )
+    return rows
+
+
+def _tenant_senders(broker: dramatiq.Broker) -> dict[str, dramatiq.Actor[Any, Any]]:
+    """Producer-side twins of bench.worker_app's visit actors: the fair one
+    declares the fairness key, which the sender reads."""
+    senders = {}
+    declared: dict[str, dict[str, Any]] = {
+        "visit": {},
+        "visit_fair": {"fairness_key": "tenant:{tenant}"},
+    }
+    for name, options in declared.items():
+        try:
+            senders[name] = broker.get_actor(name)
+        except dramatiq.errors.ActorNotFound:
+            senders[name] = dramatiq.actor(
+                broker=broker, actor_name=name, queue_name=procs.QUEUE, **options
+            )(_visit)
+    return senders
+
+
+def _visit(tenant: str, sent_at: float = 0.0) -> None:
+    """Producer-side stand-in for bench.worker_app's visit (only its name matters)."""
+
+
+def _b_waits(
+    actor: dramatiq.Actor[Any, Any], *, big: int, small: int, context: Context, tag: str
+) -> list[float]:
+    """Tenant A sends ``big`` jobs, then tenant B ``small``, to a running 1x8
+    full-stack worker: each of B's jobs' wait from its send to its start (ms)."""
+    client = _stock_broker().client
+    client.flushdb()
+    databases = _sqlite_copies(context)
+    with databases(f"fairness-{tag}") as database_url:
+        env = procs.base_env(DATABASE_URL=database_url, **STACKS["ours"].env)
+        with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
+            actor.send("B", time.time())  # a first job shows the worker is up
+            if client.blpop([procs.STARTED_KEY], timeout=60) is None:
+                raise RuntimeError("the bench worker did not start within 60 s")
+            for _ in range(big):
+                actor.send("A")
+            for _ in range(small):
+                actor.send("B", time.time())
+            waits = []
+            for _ in range(small):
+                popped = client.blpop([procs.STARTED_KEY], timeout=120)
+                if popped is None:
+                    raise RuntimeError("tenant B's jobs did not all start within 120 s")
+                sent_at, started = json.loads(popped[1])
+                waits.append((started - sent_at) * 1000)
+    return waits
+
+
+@measured(
+    "fairness",
+    "tenant A sends 10,000 jobs of 5 ms, then tenant B 100: B's wait from send to start, "
+    "fair queue against FIFO (full stack, 1x8)",
+)
+def fairness(context: Context) -> list[Row]:
+    big, small = (2_000, 50) if context.quick else (10_000, 100)
+    senders = _tenant_senders(dramatiq.get_broker())
+    p95: dict[str, list[float]] = {"visit": [], "visit_fair": []}
+    for run in range(context.runs):
+        for name in p95:  # interleaved
+            waits = _b_waits(
+                senders[name], big=big, small=small, context=context, tag=f"{name}-{run}"
+            )
+            p95[name].append(_percentile(waits, 0.95))
+    fair, fifo = statistics.median(p95["visit_fair"]), statistics.median(p95["visit"])
+    return [
+        Row(
+            f"fair, B's p95 wait ({big:,} of A's first)",
+            f"{fair:,.0f} ms",
+            "FIFO",
+            f"{fifo:,.0f} ms",
+            f"{fifo / max(fair, 0.001):,.0f}x shorter",
+            "shorter than FIFO",
+            fair < fifo,
+        )
+    ]

@@ -121,9 +121,33 @@ else:
         dramatiq.get_broker().add_middleware(floor.middleware())
 
 
-@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+# BENCH_CONCURRENCY_KEY=1 (full stack only): the same actor with a concurrency
+# key whose limit is never reached, for the cost of a key on a job that never waits.
+_KEYED: dict[str, Any] = (
+    {"concurrency_key": "bench:{sent_at}", "concurrency_limit": 100_000}
+    if os.environ.get("BENCH_CONCURRENCY_KEY") and STACK == "django"
+    else {}
+)
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, **_KEYED)
 def noop(sent_at: float = 0.0) -> None:
     if sent_at:
         # Latency probe: when this job started, for the bench to compare.
         started = time.time()
         redis_broker().client.rpush(STARTED_KEY, json.dumps([sent_at, started]))
+
+
+# The fairness bench (bench.queue_scenarios.fairness): a tenant's job. The
+# sender declares the fairness key (it is read when a job is sent); here each
+# of tenant B's jobs reports when it was sent and when it started.
+def _visit(tenant: str, sent_at: float = 0.0) -> None:
+    # 5 ms of work (a query, a call): 8 threads run at most 1,600 a second, so
+    # A's jobs, sent faster, wait in the queue as a big tenant's backlog does.
+    time.sleep(0.005)
+    if tenant == "B":
+        redis_broker().client.rpush(STARTED_KEY, json.dumps([sent_at, time.time()]))
+
+
+visit = dramatiq.actor(queue_name=QUEUE, max_retries=0, actor_name="visit")(_visit)
+visit_fair = dramatiq.actor(queue_name=QUEUE, max_retries=0, actor_name="visit_fair")(_visit)

@@ -1,7 +1,8 @@
 """System checks of the job platform (``manage.py check``, start-up of every command).
 
 ``jobs.E001``: an actor's ``refers_to`` names an argument it does not take or a
-model that does not exist (the admin could not link its jobs).
+model that does not exist (the admin could not link its jobs), or its
+``search_by`` a path whose first name is not an argument.
 
 ``jobs.W001``: an actor holds a lock without renewal whose TTL is shorter than the
 actor's time limit. Such a job can outlive its lock: the lock expires, a second

@@ -243,3 +243,47 @@ class JobCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} step {self.step}"
+
+
+class ScheduleOverride(models.Model):
+    """An operator's change to a periodic job's schedule, made in the admin.
+
+    The code's ``periodic=cron(...)`` is the default; a row here overrides it
+    (another cron expression, or switched off) until reset, which deletes the
+    row. Schedulers read the rows each minute, so an edit needs no deploy.
+    """
+
+    actor_name = models.CharField(max_length=200, unique=True)
+    cron = models.CharField(max_length=100, blank=True, default="", help_text="empty: the code's")
+    enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.actor_name}: {self.cron or 'default'}{'' if self.enabled else ' (off)'}"
+
+
+class AuditEntry(models.Model):
+    """One operator action: who did what, when, to which jobs (one row per action).
+
+    Written by the admin's actions and buttons and by ``manage.py jobs``; a
+    job's page lists the entries that name it. ``message_ids`` keeps the first
+    ``jobs.admin.audit.MAX_IDS`` ids of the jobs acted on; an action on every
+    match of a filter keeps the filter as well.
+    """
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    who = models.CharField(max_length=150, help_text="user name, or os:<user> from the CLI")
+    source = models.CharField(max_length=10, default="admin")  # admin | cli
+    action = models.CharField(max_length=40)
+    target = models.CharField(max_length=300, blank=True, default="")  # queue, actor or filter
+    count = models.PositiveIntegerField(default=0)
+    message_ids = models.TextField(blank=True, default="")  # space-separated
+    note = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        ordering = ("-id",)
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.who} {self.action} ({self.count})"

@@ -13,6 +13,7 @@ from periodiq import cron
 
 from jobs.conf import jobs_settings
 from jobs.conf.checks import cron_problem
+from jobs.errors import PermanentJobError
 from jobs.ledger.retention import prune
 from jobs.scheduling.reports import report_generate, report_send
 from jobs.scheduling.scheduler import current_tick
@@ -76,3 +77,16 @@ def prune_jobs() -> None:
         keep_succeeded_days=jobs_settings.JOBS_KEEP_SUCCEEDED_DAYS,
     )
     logger.info("Pruned %s", ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+
+
+@dramatiq.actor(queue_name="console", time_limit=60 * 60_000, store_return_value=True)
+def bulk_action(
+    action: str, query: str, username: str, ceiling: int, entry_id: int = 0
+) -> dict[str, Any]:
+    """The admin's "every matching job" action: see ``jobs.admin.bulk``."""
+    from jobs.admin import bulk  # the admin, only where a bulk job is run
+
+    try:
+        return bulk.run(action, query, username, ceiling, entry_id)
+    except PermissionError as exc:  # no such user, or no such right any more
+        raise PermanentJobError(str(exc)) from exc

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from django_redis import get_redis_connection
 from dramatiq.broker import MessageProxy
 
 from jobs.broker import redis_broker
+from jobs.concurrency import limits
 from jobs.consistency import reachability
 from jobs.ledger import writer as ledger
 from project.redis_server import RedisServer
@@ -78,13 +80,16 @@ def _redis_reachable() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _flush_redis(redis_server: str) -> Iterator[None]:
-    """Each test starts and ends with empty broker and cache databases."""
+    """Each test starts and ends with empty broker and cache databases (and no
+    concurrency limit overrides this process read from the last one)."""
     broker = redis_broker()
     broker.client.flushdb()
     get_redis_connection("default").flushdb()
+    limits.forget()
     yield
     broker.client.flushdb()
     get_redis_connection("default").flushdb()
+    limits.forget()
 
 
 @pytest.fixture(autouse=True)
@@ -220,3 +225,32 @@ def use_mail_backend(settings: Any, backend: str) -> None:
         settings.MAILERS = {"default": {"BACKEND": backend}}
     else:
         settings.EMAIL_BACKEND = backend
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_PASSED] = exitstatus == pytest.ExitCode.OK
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session's scratch directory (databases, Redis files, metrics,
+    logs) after a passing run: a developer's /tmp held 1,554 of them (4.7 GB).
+    Here, after the terminal summary, which reads the fault matrix from it. A
+    failing run keeps it for the post-mortem (the summary says where)."""
+    if getattr(settings, "TEST_TMP_OWNED", False) and config.stash.get(_PASSED, False):
+        shutil.rmtree(settings.TEST_TMP, ignore_errors=True)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The fault matrix of this run (tests/fault_matrix.py), if a fault test ran."""
+    from tests import fault_matrix
+
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.write_line(f"this run's logs, databases and metrics: {settings.TEST_TMP}")
+    found = fault_matrix.rows()
+    if found:
+        terminalreporter.section("fault matrix")
+        for line in fault_matrix.table(found):
+            terminalreporter.write_line(line)

@@ -42,6 +42,8 @@ os.environ.setdefault("JOBS_MAX_BACKOFF_MS", "2000")
 # ledger batches, 1 s control refresh), here and in every worker subprocess a
 # test starts from this environment. A test that needs another value sets it
 # for itself (the ``settings`` fixture, or its subprocess's env) and says why.
+# Ours to remove after a passing run (tests/conftest.py) unless the caller named it.
+TEST_TMP_OWNED = "TEST_TMP_DIR" not in os.environ
 TEST_TMP = Path(os.environ.setdefault("TEST_TMP_DIR", tempfile.mkdtemp(prefix="jobs-tests-")))
 os.environ.setdefault("VAR_DIR", str(TEST_TMP / "var"))
 # A fresh metrics directory per session, shared with worker subprocesses.

@@ -119,3 +119,33 @@ def test_its_wakeup_load_times_the_wakeup_paths_and_leaves_nothing_behind(
         after = broker.client.info("commandstats")["cmdstat_evalsha"]["calls"]
         assert after - sent >= 50  # (a first send also loads the script)
         assert not broker.client.exists(queue, f"{queue}.msgs")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(90)
+def test_it_times_every_console_page_and_live_refresh_on_postgresql():
+    # Given the admin-pages scenario in quick mode (20,000 ledger rows in a
+    # PostgreSQL database of the bench's own cluster)
+    command = [sys.executable, "-m", "bench", "--quick", "--only", "admin-pages"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TEST_KNOBS)}
+    # When it runs
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=80)
+    # Then it completes (0, or 1 when a target was missed: timings are not asserted)
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    if "admin-pages  console pages (PostgreSQL)  skipped: " in done.stdout:  # no initdb here
+        return
+    # and each page and each live refresh has its row of figures (a page that
+    # answered anything but 200 would have stopped the scenario before its table)
+    for label in (
+        "page: job list ",
+        "live refresh: job list ",
+        "page: search: user_id=777 ",
+        "page: job page ",
+        "live refresh: dashboard ",
+        "live refresh: workers ",
+        "page: schedules ",
+    ):
+        assert f"admin-pages  {label}" in done.stdout, done.stdout
+    # and the argument search's plans are printed, none reading a ledger table whole
+    assert "EXPLAIN ANALYZE of the ledger queries of ?q=user_id=777" in done.stdout
+    assert "; seq scan: none " in done.stdout, done.stdout

@@ -4,4 +4,5 @@ Django's admin autodiscovery imports ``jobs.admin``; importing ``jobs`` below
 registers the model admins.
 """
 
+from jobs.admin import audit as audit
 from jobs.admin import jobs as jobs

@@ -5,18 +5,17 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.utils import timezone
 from django.utils.safestring import SafeString
 
 from jobs.admin import charts
-from jobs.broker import queues
+from jobs.broker import queues, redis_broker
+from jobs.concurrency import slots
 from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
 from jobs.ledger.figures import (
     LAST_DAY,
     LAST_HOUR,
     OUTCOMES,
     Timeline,
-    actor_figures,
     failure_rate,
     state_counts,
     stuck_running,
@@ -69,16 +68,35 @@ def _queue_stats() -> tuple[list[Any], str]:
         return [], f"Redis is unreachable ({type(exc).__name__}); queue figures are not shown."
 
 
+def _busiest_keys() -> list[slots.KeyLoad]:
+    """The concurrency keys with the most jobs waiting for a slot (none when Redis
+    did not answer: the queue table says so already)."""
+    if recently_unreachable():
+        return []
+    broker = redis_broker()
+    try:
+        return slots.busiest(broker.client, broker.namespace)
+    except UNREACHABLE as exc:
+        note_unreachable(exc)
+        return []
+
+
 def dashboard_context() -> dict[str, Any]:
     hour, day = state_counts(timedelta(hours=1)), state_counts(timedelta(days=1))
     queue_stats, queues_error = _queue_stats()
+    busiest_keys = _busiest_keys() if not queues_error else []
+    # The actor table sums the day chart's hourly buckets (cached once settled):
+    # no query per actor, and the same window and duration classes as the chart.
+    hour_line, day_line = timeline(LAST_HOUR), timeline(LAST_DAY)
     return {
         "queues": queue_stats,
         "queues_error": queues_error,
+        "busiest_keys": busiest_keys,
         "states": Job.State.values,
         "counts": [("Last hour", hour, failure_rate(hour)), ("Last day", day, failure_rate(day))],
-        "charts": [timeline_charts(timeline(LAST_HOUR)), timeline_charts(timeline(LAST_DAY))],
-        "actors": actor_figures(timezone.now() - timedelta(days=1)),
+        "charts": [timeline_charts(hour_line), timeline_charts(day_line)],
+        "actors": day_line.actors,
+        "actors_since": day_line.starts[0].strftime("%H:%M"),
         "stuck": stuck_running().count(),
         "failure_rate_alarm": FAILURE_RATE_ALARM,
     }

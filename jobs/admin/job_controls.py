@@ -14,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from jobs.cli.failed import is_permanent as is_permanent_path
-from jobs.ledger import operations, states
+from jobs.ledger import audit, operations, states
 from jobs.models import Job
 
 LIVE_STATES = (states.ENQUEUED, states.DELAYED, states.RUNNING)
@@ -65,7 +65,11 @@ def can_cancel(job: Job) -> bool:
 
 
 def can_retry(job: Job) -> bool:
-    return job.state == states.FAILED and not job.retried_as
+    return (
+        job.state == states.FAILED
+        and not job.retried_as
+        and job.actor_name not in operations.NOT_RETRIABLE
+    )
 
 
 def permanent_failure(job: Job) -> bool:
@@ -78,6 +82,13 @@ def cancel_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> 
         return HttpResponse("You may not cancel jobs.", status=403)
     job = get_object_or_404(Job, pk=object_id)
     outcome = operations.cancel_jobs(Job.objects.filter(pk=job.pk), by=request.user.get_username())
+    if outcome.done + outcome.requested:
+        audit.record(
+            "cancel",
+            who=audit.who_in(request),
+            message_ids=[job.message_id],
+            count=outcome.done + outcome.requested,
+        )
     if outcome.done:
         admin.message_user(request, "Cancelled: no worker will run it.", messages.SUCCESS)
     elif outcome.requested:
@@ -117,6 +128,10 @@ def retry_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> H
         return TemplateResponse(request, "admin/jobs/job/retry_confirm.html", context)
     outcome = operations.retry_jobs(Job.objects.filter(pk=job.pk))
     if outcome.done:
+        audit.record(
+            "retry", who=audit.who_in(request), message_ids=[job.message_id], count=outcome.done
+        )
+    if outcome.done:
         text = "Retried: a new job was sent (linked under Payload, 'retries')."
         if outcome.kept:
             text = (
@@ -133,7 +148,8 @@ def retry_one(admin: ModelAdmin[Job], request: HttpRequest, object_id: str) -> H
     else:
         admin.message_user(
             request,
-            "Could not retry: not failed, or its message and arguments are no longer whole.",
+            "Could not retry: not failed, its message and arguments are no longer whole, or "
+            "it is a bulk action (start it again from the list).",
             messages.WARNING,
         )
     return redirect(reverse("admin:jobs_job_change", args=[job.pk]))

@@ -16,32 +16,31 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timezone import localtime
 from django.views.decorators.http import require_POST
 from django_dramatiq.models import Task
 
-from jobs.admin import job_controls
+from jobs.admin import bulk, job_controls, limit_views, schedule_views, waiting
 from jobs.admin.dashboard import dashboard_context
 from jobs.admin.job_controls import UNREACHABLE_RETRY
 from jobs.admin.pagination import CheapCountPaginator
 from jobs.admin.safety import SafeModelAdmin
-from jobs.admin.schedules import run_now, schedule_rows
 from jobs.admin.unreachable import answers_without_redis
 from jobs.admin.workers import workers_page
 from jobs.broker import queues, redis_broker
 from jobs.cli.failed import permanent_paths
 from jobs.http.nul import has_nul
-from jobs.ledger import intake, operations, states
+from jobs.ledger import argument_search, audit, intake, operations, states
 from jobs.ledger.references import (
     Reference,
     actor_named,
+    is_argument_subject,
     jobs_naming,
     references,
     subject_key,
 )
 from jobs.models import DailyReport, EffectRecord, Job, JobCheckpoint
-from jobs.scheduling.scheduler import periodic_actors
 
 # django-dramatiq's own Task table is not written here (its AdminMiddleware has
 # the state races of upstream issues 105 and 154); its empty admin is hidden
@@ -134,7 +133,7 @@ ARGUMENT_SEARCH_ROWS = 100_000
 @admin.register(Job)
 class JobAdmin(SafeModelAdmin):
     list_display = (
-        "message_id",
+        "short_id",
         "state_coloured",
         "actor_name",
         "queue_name",
@@ -143,7 +142,7 @@ class JobAdmin(SafeModelAdmin):
         "duration_display",
         "progress_display",
     )
-    list_display_links = ("message_id",)
+    list_display_links = ("short_id",)
     list_filter = (
         "state",
         ActorFilter,
@@ -153,8 +152,9 @@ class JobAdmin(SafeModelAdmin):
     )
     search_fields = ("=message_id", "actor_name", "args", "kwargs")
     search_help_text = (
-        "A message id or an object such as auth.user:7 (any age), or text in the actor "
-        f"name and arguments of the newest {ARGUMENT_SEARCH_ROWS:,} jobs."
+        "A message id, an object such as auth.user:7, an argument such as user_id=7 or "
+        "order.number=A-12, or text in the actor name and arguments of the newest "
+        f"{ARGUMENT_SEARCH_ROWS:,} jobs."
     )
     ordering = ("-id",)
     paginator = CheapCountPaginator
@@ -175,11 +175,12 @@ class JobAdmin(SafeModelAdmin):
         "next_retry_at",
         "worker_host",
         "worker_pid",
-        "arguments",
+        "arguments_pretty",
         "refers_to",
         "options_pretty",
         "checkpoints_pretty",
         "retry_links",
+        "audit_trail",
         "error_type",
         "error_message",
         "failures",
@@ -220,7 +221,7 @@ class JobAdmin(SafeModelAdmin):
             "Payload",
             {
                 "fields": (
-                    "arguments",
+                    "arguments_pretty",
                     "refers_to",
                     "options_pretty",
                     "checkpoints_pretty",
@@ -229,6 +230,7 @@ class JobAdmin(SafeModelAdmin):
             },
         ),
         ("Failure", {"fields": ("error_type", "error_message", "failures", "skip_reason")}),
+        ("Operators", {"fields": ("audit_trail",)}),
     )
 
     # --- views ---------------------------------------------------------------
@@ -247,6 +249,17 @@ class JobAdmin(SafeModelAdmin):
         if request.POST.get("action") == "cancel_selected":  # the list action that needs Redis
             return answers_without_redis(super().changelist_view)(request, extra_context)
         return super().changelist_view(request, extra_context)
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        changelist = super().get_changelist_instance(request)
+        waiting.note_waiting(changelist.result_list)
+        return changelist
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None) -> Any:
+        job = super().get_object(request, object_id, from_field)
+        if job is not None:
+            waiting.note_waiting([job])
+        return job
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -268,9 +281,25 @@ class JobAdmin(SafeModelAdmin):
 
     # --- columns ------------------------------------------------------------
 
+    @admin.display(description="message id", ordering="message_id")
+    def short_id(self, job: Job) -> SafeString:
+        # The whole id stays in the text (search, copy); jobs/static/jobs/console.css
+        # shows its first 8 characters, so the list's columns fit at 1366 px.
+        mid = job.message_id
+        return format_html('<span class="job-id" title="{}">{}</span>', mid, mid)
+
     @admin.display(description="state", ordering="state")
     def state_coloured(self, job: Job) -> SafeString:
         badge = state_badge(job.state)
+        key = getattr(job, "waiting_for", "")
+        if key:  # parked for a concurrency slot (jobs.admin.waiting)
+            badge = format_html(
+                '{} <span class="waiting-for" title="waiting for a slot of {}">'
+                "waiting for {}</span>",
+                badge,
+                key,
+                key,
+            )
         if not job.retry_of_id:
             return badge
         # A retry is a row of its own: it says so and links its original.
@@ -308,7 +337,8 @@ class JobAdmin(SafeModelAdmin):
         return "-" if job.duration_ms is None else f"{job.duration_ms} ms"
 
     @admin.display(description="arguments")
-    def arguments(self, job: Job) -> SafeString:
+    def arguments_pretty(self, job: Job) -> SafeString:
+        # args and kwargs as sent; Job.arguments (by name) is what the search reads
         return pretty_json({"args": job.args, "kwargs": job.kwargs})
 
     @admin.display(description="refers to")
@@ -317,10 +347,12 @@ class JobAdmin(SafeModelAdmin):
         found = references(actor, job.args, job.kwargs) if actor is not None else []
         if not found:  # the actor is gone; its job still names the objects
             for subject in job.references.order_by("id").values_list("subject", flat=True):
+                if is_argument_subject(subject):  # search_by's, not an object
+                    continue
                 label, _, object_id = subject.partition(":")
                 found.append(Reference("", label, object_id))
         return format_html_join(
-            "<br>",
+            mark_safe("<br>"),  # a separator of ours, not text to escape
             '{}{} <a href="{}">{}</a> (<a href="{}">its jobs</a>)',
             (
                 (
@@ -391,6 +423,30 @@ class JobAdmin(SafeModelAdmin):
             ),
         ) or format_html('<pre style="white-space:pre-wrap">{}</pre>', job.traceback or "-")
 
+    @admin.display(description="operator actions")
+    def audit_trail(self, job: Job) -> SafeString:
+        entries = list(audit.naming(job.message_id))
+        if not entries:
+            return format_html("{}", "none")
+        return format_html(
+            "<ul>{}</ul>",
+            format_html_join(
+                "",
+                "<li>{} · {} by {} ({}) · {} job(s){}</li>",
+                (
+                    (
+                        localtime(e.at).strftime("%Y-%m-%d %H:%M:%S"),
+                        e.action,
+                        e.who,
+                        e.source,
+                        e.count,
+                        f" · {e.target}" if e.target else "",
+                    )
+                    for e in entries
+                ),
+            ),
+        )
+
     # --- search ---------------------------------------------------------------
 
     def get_search_results(
@@ -404,6 +460,8 @@ class JobAdmin(SafeModelAdmin):
         if SUBJECT.fullmatch(term):
             label, _, object_id = term.partition(":")
             return jobs_naming(queryset, subject_key(label, object_id)), False
+        if (argument := argument_search.parse(term)) is not None:
+            return argument_search.matching(queryset, argument), False
         newest = Job.objects.order_by("-id").values_list("id", flat=True).first() or 0
         recent = queryset.filter(pk__gt=newest - ARGUMENT_SEARCH_ROWS)
         return super().get_search_results(request, recent, search_term)
@@ -426,7 +484,9 @@ class JobAdmin(SafeModelAdmin):
     # --- actions --------------------------------------------------------------
 
     @admin.action(description="Retry selected failed jobs", permissions=["retry"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":  # "all N": a job of its own
+            return bulk.to_confirmation(request, "retry")
         # Counted before: a retry of a job that failed for good is allowed (the
         # cause may be fixed by now) but said, not done without a word.
         paths = permanent_paths(queryset.filter(state=states.FAILED, retried_as__isnull=True))
@@ -437,7 +497,10 @@ class JobAdmin(SafeModelAdmin):
             if paths
             else 0
         )
+        named = audit.first_ids(queryset)
         outcome = operations.retry_jobs(queryset)
+        if outcome.done:
+            audit.record("retry", who=audit.who_in(request), message_ids=named, count=outcome.done)
         kept = f" ({outcome.kept} kept until Redis answers)" if outcome.kept else ""
         self.message_user(request, f"Retried {outcome.done} job(s){kept}.", messages.SUCCESS)
         if permanent and outcome.done:
@@ -459,16 +522,28 @@ class JobAdmin(SafeModelAdmin):
             self.message_user(
                 request,
                 f"{outcome.skipped} job(s) could not be retried: their message left the "
-                "dead-letter set and the stored arguments were redacted, or the actor is gone.",
+                "dead-letter set and the stored arguments were redacted, or the actor is gone "
+                "(or it is a bulk action: start it again from the list).",
                 messages.WARNING,
             )
         if outcome.unreachable:
             text = f"{outcome.unreachable} job(s) not retried. {UNREACHABLE_RETRY}"
             self.message_user(request, text, messages.ERROR)
+        return None
 
     @admin.action(description="Cancel selected jobs (waiting or running)", permissions=["cancel"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":
+            return bulk.to_confirmation(request, "cancel")
+        named = audit.first_ids(queryset)
         outcome = operations.cancel_jobs(queryset, by=request.user.get_username())
+        if outcome.done + outcome.requested:
+            audit.record(
+                "cancel",
+                who=audit.who_in(request),
+                message_ids=named,
+                count=outcome.done + outcome.requested,
+            )
         self.message_user(request, f"Cancelled {outcome.done} waiting job(s).", messages.SUCCESS)
         if outcome.requested:
             self.message_user(
@@ -483,11 +558,14 @@ class JobAdmin(SafeModelAdmin):
                 f"{outcome.already} running job(s) were already asked to stop.",
                 messages.WARNING,
             )
+        return None
 
     @admin.action(description="Delete selected jobs", permissions=["delete"])
     def delete_selected_in_batches(
         self, request: HttpRequest, queryset: QuerySet[Job]
     ) -> HttpResponse | None:
+        if request.POST.get("select_across") == "1":
+            return bulk.to_confirmation(request, "delete")
         if request.POST.get("confirmed") != "yes":
             context = {
                 **self.admin_site.each_context(request),
@@ -499,9 +577,24 @@ class JobAdmin(SafeModelAdmin):
                 "opts": self.model._meta,
             }
             return TemplateResponse(request, "admin/jobs/job/delete_in_batches.html", context)
+        named = audit.first_ids(queryset)
         outcome = operations.delete_jobs(queryset)
+        if outcome.done:
+            audit.record("delete", who=audit.who_in(request), message_ids=named, count=outcome.done)
         self.message_user(request, f"Deleted {outcome.done} job(s).", messages.SUCCESS)
         return None
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        # The job page's own Delete link (the list's goes through the action)
+        super().delete_model(request, obj)
+        audit.record("delete", who=audit.who_in(request), message_ids=[obj.message_id])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        named = audit.first_ids(queryset)
+        count = queryset.count()
+        super().delete_queryset(request, queryset)
+        if count:
+            audit.record("delete", who=audit.who_in(request), message_ids=named, count=count)
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobs.retry_job")
@@ -525,6 +618,22 @@ class JobAdmin(SafeModelAdmin):
             ),
             path("workers/", self.admin_site.admin_view(workers_page(self)), name="jobs_workers"),
             path(
+                "limits/",
+                self.admin_site.admin_view(lambda r: limit_views.limits_page(self, r)),
+                name="jobs_limits",
+            ),
+            path(
+                "limits/change/",
+                self.admin_site.admin_view(
+                    require_POST(
+                        answers_without_redis(
+                            lambda r: limit_views.change_view(self, r), "admin:jobs_limits"
+                        )
+                    )
+                ),
+                name="jobs_limit_change",
+            ),
+            path(
                 "<int:object_id>/cancel/",
                 self.admin_site.admin_view(
                     require_POST(
@@ -534,6 +643,11 @@ class JobAdmin(SafeModelAdmin):
                     )
                 ),
                 name="jobs_job_cancel",
+            ),
+            path(
+                "bulk/<str:name>/",
+                self.admin_site.admin_view(bulk.confirm_view),
+                name="jobs_bulk",
             ),
             path(
                 "<int:object_id>/retry/",
@@ -548,6 +662,11 @@ class JobAdmin(SafeModelAdmin):
                     require_POST(answers_without_redis(self.run_now_view, "admin:jobs_schedules"))
                 ),
                 name="jobs_run_now",
+            ),
+            path(
+                "schedules/<str:actor_name>/<str:verb>/",
+                self.admin_site.admin_view(require_POST(self.schedule_change_view)),
+                name="jobs_schedule_change",
             ),
             path(
                 "dashboard/queue/<str:queue_name>/<str:verb>/",
@@ -575,40 +694,23 @@ class JobAdmin(SafeModelAdmin):
         return TemplateResponse(request, "admin/jobs/dashboard.html", context)
 
     def schedules_view(self, request: HttpRequest) -> HttpResponse:
-        if not self.has_view_permission(request):
-            return HttpResponse(status=403)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Schedules",
-            "opts": self.model._meta,
-            "schedules": schedule_rows(),
-            "can_run": request.user.has_perm("jobs.run_periodic"),
-        }
-        return TemplateResponse(request, "admin/jobs/schedules.html", context)
+        return schedule_views.schedules_page(self, request)
 
     def run_now_view(self, request: HttpRequest, actor_name: str) -> HttpResponse:
-        if not request.user.has_perm("jobs.run_periodic"):
-            return HttpResponse("You may not run periodic jobs.", status=403)
-        actors = {a.actor_name: a for a in periodic_actors()}
-        if actor_name not in actors:
-            return HttpResponse("Unknown periodic job.", status=404)
-        message = run_now(actors[actor_name])
-        if message is None:
-            self.message_user(
-                request, f"{actor_name} was just started; not sent again.", messages.WARNING
-            )
-        else:
-            self.message_user(
-                request, f"{actor_name} enqueued ({message.message_id}).", messages.SUCCESS
-            )
-        return redirect("admin:jobs_schedules")
+        return schedule_views.run_now_view(self, request, actor_name)
+
+    def schedule_change_view(
+        self, request: HttpRequest, actor_name: str, verb: str
+    ) -> HttpResponse:
+        return schedule_views.change_view(self, request, actor_name, verb)
 
     def queue_control_view(self, request: HttpRequest, queue_name: str, verb: str) -> HttpResponse:
         if not request.user.has_perm("jobs.pause_queue"):
             return HttpResponse("You may not pause or resume queues.", status=403)
         if queue_name not in queues.queue_names() or verb not in ("pause", "resume"):
             return HttpResponse("Unknown queue or action.", status=404)
-        (queues.pause if verb == "pause" else queues.resume)(queue_name)
+        if (queues.pause if verb == "pause" else queues.resume)(queue_name):
+            audit.record(verb, who=audit.who_in(request), target=f"queue {queue_name}", count=0)
         self.message_user(request, f"Queue {queue_name!r}: {verb}d.", messages.SUCCESS)
         return redirect("admin:jobs_dashboard")
 

@@ -42,7 +42,10 @@ from dramatiq.errors import ConnectionClosed, DecodeError
 from jobs.broker import clock, room, strays, unknown_actors
 from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
+from jobs.concurrency import keys as concurrency_keys
+from jobs.concurrency import slots
 from jobs.ledger import writer as ledger
+from jobs.observability import metrics
 
 if TYPE_CHECKING:
     from jobs.broker.wakeup import WakeupRedisBroker
@@ -152,6 +155,9 @@ class LedgerOrderedConsumer(_RedisConsumer):
         # Woken by the ack that makes room rather than sleeping (jobs.broker.room).
         self.room = room.Room()
         self.work_queue = room.work_queue_of(threading.current_thread())
+        # Slots taken for jobs still in the fetch cache (``_slot_taken``).
+        self.slot_outcomes: dict[str, tuple[int, float | None]] = {}
+        self.slot_keys: dict[str, str] = {}
 
     def __next__(self) -> dramatiq.MessageProxy | None:
         if not self._strays_handed_back:
@@ -164,8 +170,16 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if not self._delays and unknown_actors.is_unknown(self.broker, message):
             self._unknown_actor(message)
             return None
+        if not self._delays and not self._slot_taken(message):
+            return None
         if self._delays:
             self.memory.delayed[message.message_id] = message.options["redis_message_id"]
+            # Due on Redis's clock (jobs.broker.clock); Dramatiq's worker holds
+            # it until this host's clock reaches its eta. Only this copy changes:
+            # the one in Redis keeps Redis's time for whoever fetches it next.
+            eta = message.options.get("eta")
+            if isinstance(eta, int):
+                message.options["eta"] = clock.to_local_ms(self.broker.client, eta)
         return message
 
     def _unknown_actor(self, message: dramatiq.MessageProxy) -> None:
@@ -181,6 +195,95 @@ class LedgerOrderedConsumer(_RedisConsumer):
         except UNREACHABLE as exc:
             # Nothing acked: the message comes back to a worker after Redis does.
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+
+    def _slot_taken(self, message: dramatiq.MessageProxy) -> bool:
+        """Whether a job may go on to a worker thread: always, unless its actor
+        declares a concurrency key (``jobs.concurrency``) whose slots are all
+        taken. Then the job is parked in Redis, out of this worker's ack set,
+        and started when a slot frees. The slots of every keyed job in the
+        fetched batch are asked for at once."""
+        outcome = self.slot_outcomes.pop(message.message_id, None)
+        key = self.slot_keys.pop(message.message_id, None)
+        if outcome is None:
+            keyed = concurrency_keys.key_of(message)
+            if keyed is None:
+                return True
+            key = keyed[0]
+            try:
+                outcome = self._acquire_batch(message, keyed)
+            except redis.RedisError as exc:  # not only UNREACHABLE: a read-only replica, OOM
+                # Still in this worker's ack set: back to the cache, handed back by
+                # close() (or, with Redis away, by this thread's next consumer).
+                self.message_cache.insert(0, message.encode())
+                self.queued_message_ids.discard(message.message_id)
+                raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        taken, waited = outcome
+        if taken == slots.TAKEN:
+            # Its release reads the key here rather than building it again.
+            concurrency_keys.remember_key(message, key)
+            if waited is not None:
+                metrics.SLOT_WAIT.labels(message.actor_name, self.queue_name).observe(waited)
+            return True
+        self.queued_message_ids.discard(message.message_id)
+        if taken == slots.PARKED_NOW:
+            metrics.PARKED.labels(message.actor_name, self.queue_name).inc()
+        return False
+
+    def _acquire_batch(
+        self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
+    ) -> tuple[int, float | None]:
+        """Slots for ``message`` and every keyed job still in the fetch cache, in
+        one round trip; the cached jobs that were parked leave the cache."""
+        wanted = [
+            slots.Wanted(
+                keyed[0],
+                keyed[1],
+                message.message_id,
+                message.options["redis_message_id"],
+                message.actor_name,
+                concurrency_keys.template_of(message.actor_name),
+            )
+        ]
+        cached: list[bytes | None] = []
+        for data in self.message_cache:
+            try:
+                other = dramatiq.Message.decode(data)
+            except DecodeError:
+                continue  # Dramatiq's own __next__ reports it when it gets there
+            other_keyed = concurrency_keys.key_of(other)
+            if other_keyed is not None and other.message_id not in self.slot_outcomes:
+                wanted.append(
+                    slots.Wanted(
+                        *other_keyed,
+                        other.message_id,
+                        other.options["redis_message_id"],
+                        other.actor_name,
+                        concurrency_keys.template_of(other.actor_name),
+                    )
+                )
+                cached.append(data)
+        outcomes = slots.acquire(
+            self.broker.client,
+            self.broker.namespace,
+            wanted,
+            broker_id=self.broker.broker_id,
+            queue_name=self.queue_name,
+            timeout_ms=int(self.broker.heartbeat_timeout),
+        )
+        parked = set()
+        for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
+            if outcome[0] == slots.TAKEN:
+                self.slot_outcomes[job.message_id] = outcome
+                self.slot_keys[job.message_id] = job.key
+            else:
+                parked.add(id(data))
+                if outcome[0] == slots.PARKED_NOW:
+                    metrics.PARKED.labels(job.actor_name, self.queue_name).inc()
+        if parked:
+            self.message_cache = [data for data in self.message_cache if id(data) not in parked]
+        if outcomes[0][0] != slots.TAKEN:
+            logger.debug("Job %s waits for a slot of %r", message.message_id, keyed[0])
+        return outcomes[0]
 
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep,
@@ -234,6 +337,29 @@ class LedgerOrderedConsumer(_RedisConsumer):
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         for message in messages:  # handed back: no longer this thread's to keep
             self._settled(message)
+        if not self._delays:
+            self._free_slots(messages)
+
+    def _free_slots(self, messages: list[dramatiq.MessageProxy]) -> None:
+        """Slots of handed-back jobs (taken when passed on, or with their fetch,
+        never run): freed for the next parked job. The handed-back job takes one
+        again when fetched."""
+        held = []
+        for message in messages:
+            self.slot_outcomes.pop(message.message_id, None)
+            self.slot_keys.pop(message.message_id, None)
+            slot = concurrency_keys.held_slot(message)
+            if slot is not None:
+                held.append(slot)
+        if not held:
+            return
+        try:
+            slots.release(
+                self.broker.client, self.broker.namespace, held, broker_id=self.broker.broker_id
+            )
+        except redis.RedisError:  # the jobs are handed back already: never raise here
+            # Freed by the verdict on this worker once it stops beating.
+            logger.warning("Slots of %d handed-back job(s) not freed", len(held))
 
     def _settled(self, message: dramatiq.MessageProxy) -> None:
         if self._delays:
@@ -328,7 +454,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)
         self.held_ids.add(message.message_id)
-        if ledger.after_written(message.message_id, self.broker.send_held_acks, held):
+        if ledger.after_written(message, self.broker.send_held_acks, held):
             return True
         self.held_ids.discard(message.message_id)
         return False

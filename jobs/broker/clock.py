@@ -23,12 +23,22 @@ item 4):
 
 A worker cut off alone (its host partitioned) is still judged dead after the
 timeout: Redis hears from the others, so no new contact period starts.
+
+- **Due times.** A delayed message (a retry's backoff, ``send_with_options(delay=)``)
+  carried the sending host's time as its ``eta``, and the worker that holds it
+  until then compared it with its own clock: a retry sent by a host an hour
+  ahead waited an hour on every other host. ``eta`` is now on Redis's clock
+  (``redis_now_ms``), and a worker turns it into its own clock when it fetches
+  the message (``to_local_ms``).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
+import redis
 from redis import Redis
 
 from jobs.broker.scripts import LuaScript
@@ -117,3 +127,51 @@ def queue_beat(pipe: Any, namespace: str, broker_ids: list[str]) -> None:
 def holder_alive(client: Redis, namespace: str, broker_id: str, timeout_ms: int) -> bool:
     """Whether maintenance would spare ``broker_id`` now (see the module)."""
     return bool(_HOLDER_ALIVE(client, [namespace], [broker_id, timeout_ms]))
+
+
+# Seconds between two readings of Redis's clock against this host's: clocks
+# drift by milliseconds a day, and a stepped clock is seen within this time.
+OFFSET_REFRESH_S = 30.0
+
+
+class _Offset:
+    """Redis's clock minus this host's, in milliseconds, read at most every
+    ``OFFSET_REFRESH_S`` (one TIME); the last reading (0 at first) while Redis
+    does not answer."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.read_at = float("-inf")
+        self.lock = threading.Lock()
+
+    def get(self, client: Redis) -> int:
+        if time.monotonic() - self.read_at < OFFSET_REFRESH_S:
+            return self.value
+        with self.lock:
+            # Marked read only once read: another thread must not take the
+            # value of before the first reading meanwhile.
+            if time.monotonic() - self.read_at >= OFFSET_REFRESH_S:
+                try:
+                    before = time.time()
+                    seconds, micros = client.time()
+                    after = time.time()
+                    # The reply was taken halfway through the round trip.
+                    self.value = round(seconds * 1000 + micros / 1000 - (before + after) * 500)
+                except redis.RedisError:
+                    pass  # the last reading stands; tried again at the next refresh
+                finally:
+                    self.read_at = time.monotonic()
+        return self.value
+
+
+_offset = _Offset()
+
+
+def redis_now_ms(client: Redis) -> int:
+    """Now on Redis's clock, from this host's and the last reading of the offset."""
+    return round(time.time() * 1000) + _offset.get(client)
+
+
+def to_local_ms(client: Redis, redis_ms: int) -> int:
+    """``redis_ms`` (a time on Redis's clock) on this host's clock."""
+    return redis_ms - _offset.get(client)

@@ -31,13 +31,20 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
+# How often the pulse looks through all of /proc for its siblings. Between two
+# looks it reads only the siblings it found (a few files): on a host with
+# thousands of processes a whole look takes a quarter of a second under load,
+# and each beat waited for it.
+SCAN_SECONDS = 2.0
 
-def _stat(pid: int) -> tuple[str, int, str] | None:
+
+def proc_stat(pid: int) -> tuple[str, int, str] | None:
     """(state, parent pid, start time) of ``pid`` from /proc, None when it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -46,12 +53,14 @@ def _stat(pid: int) -> tuple[str, int, str] | None:
     return fields[0], int(fields[1]), fields[19]
 
 
-def live_siblings(parent: int) -> dict[int, str]:
-    """pid -> start time of the running (not zombie) children of ``parent``."""
+def live_siblings(parent: int, among: Iterable[int] | None = None) -> dict[int, str]:
+    """pid -> start time of the running (not zombie) children of ``parent``: among
+    the pids ``among``, or every process of the host when None."""
+    if among is None:
+        among = (int(entry.name) for entry in Path("/proc").glob("[0-9]*"))
     found = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        pid = int(entry.name)
-        stat = _stat(pid) if pid != os.getpid() else None
+    for pid in among:
+        stat = proc_stat(pid) if pid != os.getpid() else None
         if stat is not None and stat[1] == parent and stat[0] not in "ZX":
             found[pid] = stat[2]
     return found
@@ -65,15 +74,19 @@ def _workers(
     client: Any, host: str, alive: dict[int, str], known: dict[tuple[int, str], str]
 ) -> dict[tuple[int, str], str]:
     """(pid, start time) -> broker id of the live siblings that are workers."""
-    from jobs.broker.workers import PREFIX
+    from jobs.broker.workers import PREFIX, read_presence
 
     found = {k: v for k, v in known.items() if alive.get(k[0]) == k[1]}
     for pid, started in alive.items():
         if (pid, started) not in found:
-            # Written by the worker's own Heartbeat before its first job.
-            broker_id = client.get(f"{PREFIX}{host}:{pid}")
-            if broker_id:
-                found[(pid, started)] = _text(broker_id)
+            # Written by the worker's own Heartbeat before its first job; a key
+            # of an earlier run of this pid (a container restarted within its
+            # TTL) names another start, or none if that run was of the version
+            # before, and is left alone until the worker writes its own (the
+            # pulse and its workers are one rundramatiq: one version).
+            broker_id, key_started = read_presence(client.get(f"{PREFIX}{host}:{pid}"))
+            if broker_id and key_started == started:
+                found[(pid, started)] = broker_id
     return found
 
 
@@ -94,7 +107,7 @@ def pulse() -> int:
     django.setup()
     from jobs.broker import clock, redis_broker, registry
     from jobs.broker.timeouts import use_worker_timeouts
-    from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval
+    from jobs.broker.workers import PREFIX, TTL_SECONDS, beat_interval, presence_value
 
     use_worker_timeouts(redis_broker())  # a worker's, not a request's: it beats for them
     parent = os.getppid()
@@ -102,16 +115,19 @@ def pulse() -> int:
     client = redis_broker().client
     known: dict[tuple[int, str], str] = {}  # (pid, start time) -> broker id
     interval = beat_interval()
+    alive, scanned = live_siblings(parent), time.monotonic()
     while os.getppid() == parent:
-        alive = live_siblings(parent)
+        began = time.monotonic()
+        alive = live_siblings(parent, list(alive))
         try:
             known = _workers(client, host, alive, known)
             if known:
                 now_ms = int(time.time() * 1000)
                 pipe = client.pipeline(transaction=False)
                 clock.queue_beat(pipe, redis_broker().namespace, list(known.values()))
-                for (pid, _started), broker_id in known.items():
-                    pipe.set(f"{PREFIX}{host}:{pid}", broker_id, ex=TTL_SECONDS)
+                for (pid, started), broker_id in known.items():
+                    value = presence_value(broker_id, started)
+                    pipe.set(f"{PREFIX}{host}:{pid}", value, ex=TTL_SECONDS)
                     registry.beat_for(pipe, host, pid, broker_id, now_ms)
                 pipe.execute()
         except Exception:
@@ -122,5 +138,8 @@ def pulse() -> int:
         if stop_requested and not any(alive.get(pid) == started for pid, started in known):
             logger.info("The workers have stopped; so does the pulse.")
             break
-        time.sleep(interval)
+        if time.monotonic() - scanned >= SCAN_SECONDS:  # new siblings, after the beat
+            alive, scanned = live_siblings(parent), time.monotonic()
+        # The next beat an interval after this one began, however long it took.
+        time.sleep(max(0.0, interval - (time.monotonic() - began)))
     return 0

@@ -15,6 +15,9 @@ import dramatiq
 from dramatiq.errors import DecodeError
 
 from jobs.broker import redis_broker
+from jobs.concurrency import fairness
+from jobs.concurrency.slots import PARKED_SINCE
+from jobs.concurrency.slots import PER_QUEUE as PARKED_PER_QUEUE
 
 CONTROL_PREFIX = "jobs:control"
 CANCEL_TTL_SECONDS = 8 * 86400  # longer than the broker's 7-day max delay
@@ -23,11 +26,12 @@ CANCEL_TTL_SECONDS = 8 * 86400  # longer than the broker's 7-day max delay
 @dataclass(frozen=True)
 class QueueStats:
     name: str
-    waiting: int
+    waiting: int  # in the queue, or parked for a concurrency slot (jobs.concurrency)
     delayed: int
     dead: int
     oldest_waiting_age_s: float | None
     paused: bool
+    parked: int = 0  # of ``waiting``: jobs whose concurrency key was full
 
 
 def _key(*parts: str) -> str:
@@ -42,32 +46,50 @@ def queue_names() -> list[str]:
 def queue_stats(queue_name: str) -> QueueStats:
     broker = redis_broker()
     base = f"{broker.namespace}:{queue_name}"
-    pipe = broker.client.pipeline(transaction=False)
+    # One transaction: a fetch between the reads would count its jobs twice or not at all.
+    pipe = broker.client.pipeline(transaction=True)
     pipe.llen(base)
     pipe.hlen(f"{base}.DQ.msgs")
     pipe.zcard(f"{base}.XQ")
     pipe.lindex(base, 0)
     pipe.sismember(_key("paused"), queue_name)
-    waiting, delayed, dead, oldest_id, paused = pipe.execute()
+    pipe.hget(f"{broker.namespace}:{PARKED_PER_QUEUE}", queue_name)
+    # A fair queue's jobs wait in its keys' lists (jobs.concurrency.fairness).
+    pipe.hget(fairness.counts_key(broker.namespace, queue_name), "jobs")
+    pipe.zrange(fairness.heads_key(broker.namespace, queue_name), 0, 0, withscores=True)
+    pipe.zrange(f"{broker.namespace}:{PARKED_SINCE}{queue_name}", 0, 0, withscores=True)
+    results = pipe.execute()
+    waiting, delayed, dead, oldest_id, paused, parked, fair, first_fair, first_parked = results
+    parked = max(0, int(parked or 0))
+    waiting += max(0, int(fair or 0))
     age = None
     if oldest_id is not None:
         raw = broker.client.hget(f"{base}.msgs", oldest_id)
         if raw is not None:
             message = dramatiq.Message.decode(cast(bytes, raw))
             age = max(0.0, time.time() - message.message_timestamp / 1000)
-    return QueueStats(queue_name, waiting, delayed, dead, age, bool(paused))
+    # The oldest job of a fair key (since it was enqueued there), and a job
+    # waiting for a concurrency slot (since it was parked, on Redis's clock): a
+    # starved key, or one whose slots never free, shows as an old queue.
+    for first in (first_fair, first_parked):
+        if first:
+            other = max(0.0, time.time() - first[0][1] / 1000)
+            age = other if age is None else max(age, other)
+    return QueueStats(queue_name, waiting + parked, delayed, dead, age, bool(paused), parked)
 
 
 def all_queue_stats() -> list[QueueStats]:
     return [queue_stats(name) for name in queue_names()]
 
 
-def pause(queue_name: str) -> None:
-    redis_broker().client.sadd(_key("paused"), queue_name)
+def pause(queue_name: str) -> bool:
+    """Pause a queue; False if it was paused already."""
+    return bool(redis_broker().client.sadd(_key("paused"), queue_name))
 
 
-def resume(queue_name: str) -> None:
-    redis_broker().client.srem(_key("paused"), queue_name)
+def resume(queue_name: str) -> bool:
+    """Resume a queue; False if it was not paused."""
+    return bool(redis_broker().client.srem(_key("paused"), queue_name))
 
 
 def cancel(message_ids: list[str]) -> None:

@@ -149,6 +149,7 @@ def _int(fields: Mapping[str, str], name: str) -> int | None:
 def recent() -> list[Record]:
     """Every process that beat in the last hour, the latest beat first: two round trips."""
     from jobs.broker.workers import PREFIX as PRESENCE
+    from jobs.broker.workers import read_presence
 
     client = redis_broker().client
     since_ms = int(time.time() * 1000) - KEEP_SECONDS * 1000
@@ -182,7 +183,7 @@ def recent() -> list[Record]:
                 started_at_ms=_int(fields, "started_at"),
                 last_beat_ms=last_beat_ms,
                 stopped_at_ms=_int(fields, "stopped_at"),
-                present=presence is not None and _text(presence) == broker_id,
+                present=read_presence(presence)[0] == broker_id,
             )
         )
     return records

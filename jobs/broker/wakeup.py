@@ -42,6 +42,7 @@ from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.hooks import QuietHooks
 from jobs.broker.packed import NotSent, PackedEnqueue
 from jobs.broker.sentinel import master_client
+from jobs.concurrency import fairness
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +84,10 @@ end
 # (jobs.broker.replication: the outbox) is enqueued only if its marker is not
 # there yet, and the marker is written in the same atomic step. A copy sent
 # again (a relay after a lost reply, a request's bytes that arrived after the
-# relay looked) then does nothing. ARGV[12], ARGV[13]: the marker and its TTL.
+# relay looked) then does nothing. ARGV[12], ARGV[13]: the marker and its TTL
+# ("" when there is none but a fairness key follows).
 _ONCE_PER_MARKER = """
-if ARGV[1] == "enqueue" and ARGV[12] then
+if ARGV[1] == "enqueue" and ARGV[12] and ARGV[12] ~= "" then
     if not redis.call("set", ARGV[12], 1, "NX", "PX", ARGV[13]) then
         -- Taken before. Written again, so that a WAIT after this command
         -- counts the replicas holding the marker (and the message before it).
@@ -94,6 +96,22 @@ if ARGV[1] == "enqueue" and ARGV[12] then
     end
 end
 """
+
+
+# Connections the broker's pool may open. Each idle consumer holds one for its
+# wait (BLPOP on its wake list), and a worker runs two consumers per queue (the
+# queue and its delay queue) besides its threads: redis-py's default cap of 100
+# made a worker of about 45 queues fail every command past it with
+# MaxConnectionsError. The pool opens connections only as they are used.
+MIN_POOL_CONNECTIONS = 2_000
+
+
+def _room_for_every_consumer(client: Any) -> None:
+    """Raise the pool's cap to ``MIN_POOL_CONNECTIONS`` unless the URL (the
+    ``max_connections`` option) asked for more."""
+    pool = client.connection_pool
+    if pool.max_connections < MIN_POOL_CONNECTIONS:
+        pool.max_connections = MIN_POOL_CONNECTIONS
 
 
 def wake_key(namespace: str, queue_name: str) -> str:
@@ -127,15 +145,19 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             url = options.pop("url")
             options["client"] = master_client(sentinels, sentinel_master, url)
         super().__init__(**options)  # type: ignore[no-untyped-call]
+        _room_for_every_consumer(self.client)
         self.instant_wakeup = instant_wakeup
         wake = _WAKE_ON_ENQUEUE if instant_wakeup else ""
         # Every dispatch (fetch, ack, nack, maintenance, enqueue) on Redis's
         # clock, with no verdict on workers right after an outage.
+        # Fair queues (jobs.concurrency.fairness): tickets turned into message
+        # ids before a fetch, key lists enqueued to and purged.
         self.scripts["dispatch"] = self.client.register_script(
-            clock.DISPATCH_PREFIX.encode() + self.scripts["dispatch"].script
+            (clock.DISPATCH_PREFIX + fairness.FETCH_PREFIX).encode()
+            + self.scripts["dispatch"].script
         )
         self._enqueue_script = self.client.register_script(
-            (_ONCE_PER_MARKER + _INTAKE_ON_ENQUEUE + wake).encode()
+            (_ONCE_PER_MARKER + _INTAKE_ON_ENQUEUE + wake + fairness.ENQUEUE_PREFIX).encode()
             + self.scripts["dispatch"].script
         )
         # Built at the first send: it asks Redis for the Lua stack size, and
@@ -158,7 +180,10 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         message = message.copy(options={"redis_message_id": str(uuid4())})
         if delay is not None:
             queue_name = dq_name(queue_name)
-            message = message.copy(queue_name=queue_name, options={"eta": current_millis() + delay})
+            # Due on Redis's clock, which every host shares: the worker that
+            # holds it until then reads it on its own (jobs.broker.clock).
+            eta = clock.redis_now_ms(self.client) + delay
+            message = message.copy(queue_name=queue_name, options={"eta": eta})
         self.logger.debug("Enqueueing message %r on queue %r.", message.message_id, queue_name)
         self.emit_before("enqueue", message, delay)
         data = message.encode()
@@ -168,21 +193,38 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             middleware.in_ledger_intake(self, message)  # type: ignore[attr-defined]
             for middleware in self._handlers("in_ledger_intake")
         )
-        self.do_enqueue(queue_name, message.options["redis_message_id"], data, intake=intake)
+        # A delayed message waits in the delay queue as any does, and takes its
+        # key's turn once it moves to the queue (enqueued again, without delay).
+        fair_key = fairness.key_of(message) if delay is None else ""
+        if fair_key and not fairness.enabled():  # the setting read only for fair actors
+            fair_key = ""
+        self.do_enqueue(
+            queue_name, message.options["redis_message_id"], data, intake=intake, fair_key=fair_key
+        )
         self.emit_after("enqueue", message, delay)
         return message
 
     def do_enqueue(
-        self, queue_name: str, redis_message_id: str, data: bytes, *, intake: bool = False
+        self,
+        queue_name: str,
+        redis_message_id: str,
+        data: bytes,
+        *,
+        intake: bool = False,
+        fair_key: str = "",
     ) -> Any:
         """Dramatiq's ``enqueue`` dispatch, the wake-up token and (``intake``) the
         ledger intake entry in one command (with the marker and WAIT of
-        ``jobs.broker.replication`` when asked for)."""
+        ``jobs.broker.replication`` when asked for); with ``fair_key``, into that
+        key's list of a fair queue (``jobs.concurrency.fairness``)."""
         ack = replication.current_ack()
         waits = ack is not None and replication.will_wait(self.client, ack)
         extra: tuple[object, ...] = (1,) if intake else ()
         if ack is not None and ack.marker:
             extra = (int(intake), ack.marker, replication.marker_ttl_ms(ack, waits))
+        if fair_key:
+            # Intake, marker and TTL filled in ("" for none): the key is ARGV[14].
+            extra = (*extra, *("",) * (3 - len(extra)), fair_key)
         if not waits:
             try:
                 packed = self._packed or self._pack_enqueue()

@@ -34,6 +34,7 @@ import threading
 import time
 
 from jobs.broker import clock, redis_broker, registry
+from jobs.broker.pulse import proc_stat
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,34 @@ _identity: str | None = None
 
 def _key() -> str:
     return f"{PREFIX}{socket.gethostname()}:{os.getpid()}"
+
+
+def process_start(pid: int) -> str | None:
+    """When process ``pid`` started (``/proc``'s field 22, ticks since boot), None if
+    unknown: with the pid, it tells one run of a process from another."""
+    stat = proc_stat(pid)
+    return stat[2] if stat is not None else None
+
+
+def presence_value(broker_id: str, started: str | None) -> str:
+    """A presence key's value: the broker id and the start of the process it is for.
+
+    A host and a pid do not name a process for long: a container restarted
+    within the key's TTL has the same hostname and, in a new pid namespace,
+    the same pids, and the old run's key would still name the old broker id.
+    The pulse beats only for a key whose start matches the live process.
+    """
+    return broker_id if started is None else f"{broker_id} {started}"
+
+
+def read_presence(value: bytes | str | None) -> tuple[str | None, str | None]:
+    """(broker id, process start) of a presence key's value; the start is None in
+    a value written before it was kept (or where /proc is not)."""
+    if value is None:
+        return None, None
+    text = value.decode() if isinstance(value, bytes) else value
+    broker_id, _, started = text.partition(" ")
+    return broker_id, started or None
 
 
 def heartbeats_key() -> str:
@@ -70,10 +99,20 @@ def beat() -> None:
     now_ms = int(time.time() * 1000)
     pipe = broker.client.pipeline(transaction=False)
     clock.queue_beat(pipe, broker.namespace, [broker.broker_id])
-    pipe.set(_key(), broker.broker_id, ex=TTL_SECONDS)
+    pipe.set(_key(), presence_value(broker.broker_id, _own_start()), ex=TTL_SECONDS)
     # The record the admin's workers page keeps for an hour, in the same round trip.
     registry.beat(pipe, broker.broker_id, now_ms)
     pipe.execute()
+
+
+_started: dict[int, str | None] = {}  # by pid: a forked child reads its own
+
+
+def _own_start() -> str | None:
+    pid = os.getpid()
+    if pid not in _started:
+        _started[pid] = process_start(pid)
+    return _started[pid]
 
 
 def gone() -> None:

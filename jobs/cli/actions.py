@@ -136,7 +136,8 @@ class Run:
         if self.not_retriable:
             lines.append(
                 f"{self.not_retriable:,} could not be retried: their message left the "
-                "dead-letter set and their stored arguments were redacted, or the actor is gone."
+                "dead-letter set and their stored arguments were redacted, or the actor is gone "
+                "(or it is the admin's bulk action: start it again from the admin)."
             )
         if self.redis_away:
             lines.append(

@@ -52,6 +52,32 @@ confirmation unless --yes (without a terminal, --yes is required).
 examples:
   manage.py jobs cancel --queue emails --state delayed
   manage.py jobs cancel --search auth.user:7 --yes""",
+    "schedules": """\
+The periodic jobs as the schedulers follow them: the cron (and the code's when
+an operator overrode it), on or off, the next and the last run. With an
+ACTOR and one of --cron, --enable, --disable, --reset, changes that schedule
+as the admin's Schedules page does (from the schedulers' next minute; an
+audit entry as os:<user>).
+
+examples:
+  manage.py jobs schedules
+  manage.py jobs schedules daily_report --cron "30 5 * * *"
+  manage.py jobs schedules watchdog --disable
+  manage.py jobs schedules daily_report --reset""",
+    "audit": """\
+The audit trail, newest first: every operator action from the admin or this
+command (retry, cancel, delete, pause, resume, schedule changes, run now), who
+did it, on what and how many jobs. --job lists the entries naming one job.""",
+    "unwind-fair": """\
+Move the jobs of fair queues' key lists (actors with a fairness_key) back into
+their queues as plain messages, a key at a time in turn order, a thousand jobs
+per Redis call. Needed only before rolling back to a release without fair
+queueing, whose workers do not read key lists: first run every process with
+JOBS_FAIR_QUEUEING = False, so that none sends into them any more. A name no
+actor declares is an error that lists the known queues.
+
+examples:
+  manage.py jobs unwind-fair reports""",
     "pause": """\
 Pause queues: workers leave their messages waiting (put back with a delay)
 until the queue is resumed. Takes effect within JOBS_CONTROL_REFRESH_MS.
@@ -121,8 +147,9 @@ def _filters(*, states_: tuple[str, ...] = ()) -> SubcommandParser:
     group.add_argument(
         "--search",
         metavar="TEXT",
-        help="as the admin's search box: a message id or an object such as auth.user:7 "
-        "(any age), else each word in the actor name or arguments of the newest 100,000 jobs",
+        help="as the admin's search box: a message id or an object such as auth.user:7 (any "
+        "age), an argument such as user_id=7 (any age if the actor declares it in search_by), "
+        "else each word in the actor name or arguments of the newest 100,000 jobs",
     )
     return filters
 
@@ -185,6 +212,25 @@ def add_subcommands(parser: CommandParser) -> None:
     live = (states.ENQUEUED, states.DELAYED, states.RUNNING)
     summary = "cancel waiting or running jobs by id or filter"
     add("cancel", summary, _acting(), _filters(states_=live))
+    schedules = add("schedules", "list periodic jobs, or change one's schedule")
+    schedules.add_argument("actor", nargs="?", metavar="ACTOR", help="the periodic job to change")
+    change = schedules.add_mutually_exclusive_group()
+    change.add_argument("--cron", metavar="SPEC", help='a new cron, e.g. "30 5 * * *"')
+    change.add_argument("--enable", action="store_true", help="switch it on")
+    change.add_argument("--disable", action="store_true", help="switch it off")
+    change.add_argument("--reset", action="store_true", help="back to the code's schedule")
+    trail = add("audit", "the audit trail of operator actions")
+    trail.add_argument(
+        "--limit",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="at most this many (default: %(default)s)",
+    )
+    trail.add_argument("--job", metavar="MESSAGE_ID", help="only the entries naming this job")
+    add("unwind-fair", "move fair queues' jobs back into their queues' lists").add_argument(
+        "queues", nargs="+", metavar="QUEUE", help="queue names, as 'jobs status' lists"
+    )
     for verb, summary in ((PAUSE, "pause queues"), (RESUME, "resume paused queues")):
         add(verb, summary).add_argument(
             "queues", nargs="+", metavar="QUEUE", help="queue names, as 'jobs status' lists"

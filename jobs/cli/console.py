@@ -15,6 +15,7 @@ from django.core.management.base import CommandError, OutputWrapper
 from django.utils import timezone
 
 from jobs.cli import EXIT_USAGE
+from jobs.ledger import audit as trail
 
 audit_logger = logging.getLogger("jobs.audit")
 
@@ -27,13 +28,32 @@ def operator() -> str:
         return f"uid:{os.getuid()}"
 
 
-def audit(action: str, *, target: dict[str, Any], count: int, outcome: str = "done") -> None:
+def audit(
+    action: str,
+    *,
+    target: dict[str, Any],
+    count: int,
+    outcome: str = "done",
+    message_ids: Sequence[str] | None = None,
+) -> None:
     """One line per run on logger ``jobs.audit``: who, what, on which jobs, how many.
 
     The fields also go as record attributes (``audit_*``), so the JSON log format
-    carries them as fields a log search can filter on.
+    carries them as fields a log search can filter on. A run that changed
+    something (``message_ids`` given, even empty) is also an ``AuditEntry``,
+    shown in the admin beside the admin's own actions.
     """
     user = operator()
+    if message_ids is not None:
+        trail.record(
+            action,
+            who=f"os:{user}",
+            source="cli",
+            target=json.dumps(target, sort_keys=True),
+            message_ids=message_ids,
+            count=count,
+            note=outcome,
+        )
     audit_logger.info(
         "jobs %s by %s: %s, count %d, %s",
         action,

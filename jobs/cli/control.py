@@ -1,4 +1,5 @@
-"""``jobs pause`` and ``jobs resume``: the admin dashboard's queue buttons."""
+"""``jobs pause`` and ``jobs resume`` (the admin dashboard's queue buttons), and
+``jobs unwind-fair``."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from jobs.broker import queues
+from jobs.broker import queues, redis_broker
 from jobs.cli import EXIT_USAGE
+from jobs.concurrency import fairness
 from jobs.conf import jobs_settings
 
 PAUSE, RESUME = "pause", "resume"
@@ -41,6 +43,30 @@ def change_queues(verb: str, names: list[str]) -> dict[str, Any]:
         "changed": changed,
         "unchanged": unchanged,
     }
+
+
+def unwind_queues(names: list[str]) -> dict[str, Any]:
+    """Move each queue's fair jobs back into its list (``fairness.unwind``)."""
+    known = set(queues.queue_names())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise CommandError(
+            f"unknown queue(s): {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}",
+            returncode=EXIT_USAGE,
+        )
+    broker = redis_broker()
+    moved = {
+        name: fairness.unwind(broker.client, broker.namespace, name)
+        for name in dict.fromkeys(names)
+    }
+    return {"action": "unwind-fair", "queues": list(moved), "moved": moved}
+
+
+def unwind_text(result: dict[str, Any]) -> str:
+    return "\n".join(
+        f"{name}: {count} job(s) moved back into the queue's list."
+        for name, count in result["moved"].items()
+    )
 
 
 def change_text(result: dict[str, Any]) -> str:

@@ -17,6 +17,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 from django.utils.text import smart_split, unescape_string_literal
 
+from jobs.ledger import argument_search
 from jobs.ledger.references import jobs_naming, subject_key
 from jobs.models import Job
 
@@ -54,8 +55,9 @@ def parse_ids(tokens: list[str]) -> tuple[str, ...]:
 
 
 def search(queryset: QuerySet[Job], term: str) -> QuerySet[Job]:
-    """The admin's ``?q=``: a message id or an object such as ``auth.user:7`` (any
-    age), else each word in the actor name, arguments or message id of the newest
+    """The admin's ``?q=``: a message id, an object such as ``auth.user:7`` or an
+    argument such as ``user_id=7`` (see ``argument_search``), else each
+    word in the actor name, arguments or message id of the newest
     ``ARGUMENT_SEARCH_ROWS`` jobs (a substring search reads every row it covers)."""
     term = term.strip()
     if MESSAGE_ID.fullmatch(term):
@@ -63,6 +65,8 @@ def search(queryset: QuerySet[Job], term: str) -> QuerySet[Job]:
     if SUBJECT.fullmatch(term):
         label, _, object_id = term.partition(":")
         return jobs_naming(queryset, subject_key(label, object_id))
+    if (argument := argument_search.parse(term)) is not None:
+        return argument_search.matching(queryset, argument)
     newest = Job.objects.order_by("-id").values_list("id", flat=True).first() or 0
     queryset = queryset.filter(pk__gt=newest - ARGUMENT_SEARCH_ROWS)
     for bit in smart_split(term):

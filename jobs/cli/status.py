@@ -67,6 +67,7 @@ def status_report() -> dict[str, Any]:
                     None if s.oldest_waiting_age_s is None else round(s.oldest_waiting_age_s, 3)
                 ),
                 "paused": s.paused,
+                "parked": s.parked,
             }
             for s in stats
         ],

@@ -26,7 +26,7 @@ MIDDLEWARE: tuple[str, ...] = (
     "dramatiq.middleware.AgeLimit",
     "jobs.middleware.time_limit.TimeLimit",
     "dramatiq.middleware.ShutdownNotifications",
-    "dramatiq.middleware.Callbacks",
+    "jobs.middleware.callbacks.Callbacks",  # failure text printable and masked
     "dramatiq.middleware.Pipelines",
     "dramatiq.middleware.CurrentMessage",
     # request id into messages; job id, actor, attempt, queue onto log lines
@@ -45,6 +45,8 @@ MIDDLEWARE: tuple[str, ...] = (
     "jobs.middleware.outbox.OutboxRelay",
     # arguments checked against the actor's signature
     "jobs.middleware.payloads.Payloads",
+    # per-key concurrency: a job's slot freed as soon as it ends (jobs.concurrency)
+    "jobs.middleware.concurrency.Concurrency",
     # last: a cancelled job is stopped only while its own code runs; progress flushed
     "jobs.middleware.running.RunningJobs",
 )

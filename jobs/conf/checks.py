@@ -284,11 +284,39 @@ def cron_problem(spec: object) -> str | None:
                 return f"has a {what} range that runs backwards: {field!r} in {spec!r}"
             if step is not None and int(step) < 1:
                 return f"has a {what} step of 0: {field!r} in {spec!r}"
+    if fields[2] != "*" and fields[4] == "*" and not _some_day_exists(fields[2], fields[3]):
+        # periodiq accepts 0 0 31 4 * and shows a next run, but never runs it
+        return f"names a day no month of it has (never runs): {spec!r}"
     try:
         cron(spec)
     except Exception as exc:  # periodiq's parser raises whatever it meets
         return f"cannot be read by periodiq ({type(exc).__name__}: {exc}): {spec!r}"
     return None
+
+
+_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # a leap year's
+
+
+def _expand(field: str, low: int, high: int) -> set[int]:
+    """The numbers a checked cron field names."""
+    found: set[int] = set()
+    for item in field.split(","):
+        match = _CRON_ITEM.match(item)
+        assert match is not None  # checked before
+        start = low if match.group(1) == "*" else int(match.group(2))
+        end = high if match.group(1) == "*" else int(match.group(3) or start)
+        if match.group(1) != "*" and match.group(3) is None and match.group(4):
+            end = high  # "5/15": from 5 on
+        found.update(range(start, end + 1, int(match.group(4) or 1)))
+    return found
+
+
+def _some_day_exists(days: str, months: str) -> bool:
+    return any(
+        day <= _DAYS_IN_MONTH[month - 1]
+        for day in _expand(days, 1, 31)
+        for month in _expand(months, 1, 12)
+    )
 
 
 def check_recipients(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:

@@ -140,6 +140,12 @@ DEFAULTS: dict[str, Knob] = {
     "JOBS_PAUSE_RECHECK_MS": Knob(
         5_000, _MS, "How often a paused queue's messages come back to look.", minimum=10
     ),
+    "JOBS_FAIR_QUEUEING": Knob(
+        True,
+        _BOOL,
+        "Jobs of actors with a fairness_key take turns per key; False sends them as "
+        "plain messages (before a rollback), while workers still run those waiting.",
+    ),
     # --- Consistency toolkit -------------------------------------------------
     "JOBS_LOCK_WAIT_WARNING_MS": Knob(
         1_000, _MS, "A lock waited for longer than this is logged.", minimum=0

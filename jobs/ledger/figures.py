@@ -20,7 +20,7 @@ from jobs.ledger import states
 from jobs.models import Job
 from jobs.observability.metrics import DURATION_BUCKETS
 
-SAMPLE = 5_000  # durations per actor used for the percentiles
+SAMPLE = 5_000  # durations per actor used for the report's percentiles
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,11 @@ def state_counts(since: timedelta) -> dict[str, int]:
     rows = (
         # Naming every state turns the scan into one range per state of
         # jobs_job_state_enqueued, already grouped: no table reads, no sort.
+        # COUNT(*), not COUNT(id): PostgreSQL's index has no id (SQLite's has
+        # the rowid), and counting it would read the table after all.
         Job.objects.filter(state__in=Job.State.values, enqueued_at__gte=timezone.now() - since)
         .values("state")
-        .annotate(n=Count("id"))
+        .annotate(n=Count("*"))
         .order_by()
     )
     counts = {state: 0 for state in Job.State.values}
@@ -56,14 +58,17 @@ def failure_rate(counts: dict[str, int]) -> float | None:
 
 
 def actor_figures(start: datetime, end: datetime | None = None) -> list[ActorFigures]:
-    """Per actor: jobs finished in [start, end), failures, p50/p95 duration."""
+    """Per actor: jobs finished in [start, end), failures, p50/p95 of its newest
+    durations (the daily report's exact figures; one query per actor, so the
+    dashboard takes its table from the day chart's buckets, ``Timeline.actors``)."""
     finished = Job.objects.filter(
         state__in=(states.SUCCEEDED, states.FAILED), finished_at__gte=start
     )
     if end is not None:
         finished = finished.filter(finished_at__lt=end)
     figures = []
-    totals = finished.values("actor_name", "state").annotate(n=Count("id")).order_by()
+    # COUNT(*): jobs_job_finished_cover holds no id (see state_counts).
+    totals = finished.values("actor_name", "state").annotate(n=Count("*")).order_by()
     by_actor: dict[str, dict[str, int]] = {}
     for row in totals:
         by_actor.setdefault(row["actor_name"], {})[row["state"]] = row["n"]
@@ -159,6 +164,8 @@ class Timeline:
     starts: list[datetime]
     outcomes: dict[str, list[int]]  # outcome -> jobs finished per bucket
     p95_ms: dict[str, list[float | None]] = field(default_factory=dict)  # actor -> per bucket
+    # Per actor over the whole window, from the same buckets as the charts.
+    actors: list[ActorFigures] = field(default_factory=list)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -195,9 +202,11 @@ def _duration_class() -> Case:
 
 @dataclass
 class Bucket:
-    """What finished in one minute or hour: jobs per outcome, duration classes per actor."""
+    """What finished in one minute or hour: jobs per outcome; per actor, jobs per
+    state and duration classes."""
 
     outcomes: dict[str, int] = field(default_factory=dict)
+    actors: dict[str, dict[str, int]] = field(default_factory=dict)
     durations: dict[str, dict[int, int]] = field(default_factory=dict)
 
 
@@ -234,6 +243,8 @@ def _aggregate(unit: str, start: datetime, end: datetime | None = None) -> dict[
         bucket = buckets.setdefault(key, Bucket())
         outcome = "retried" if state == states.SUCCEEDED and retried else state
         bucket.outcomes[outcome] = bucket.outcomes.get(outcome, 0) + n
+        per_state = bucket.actors.setdefault(actor, {})
+        per_state[state] = per_state.get(state, 0) + n
         if duration_class >= 0:
             counts = bucket.durations.setdefault(actor, {})
             counts[duration_class] = counts.get(duration_class, 0) + n
@@ -242,9 +253,10 @@ def _aggregate(unit: str, start: datetime, end: datetime | None = None) -> dict[
 
 # A finished hour is cached once late ledger writes (batched, or recorded by the
 # watchdog) can no longer land in it; the day chart then only queries its
-# current hour.
+# current hour. The prefix names the Bucket's shape (v2: jobs per actor and
+# state), so buckets cached in an older shape are never read as this one.
 SETTLED_AFTER = timedelta(minutes=2)
-CACHE_PREFIX = "jobs:timeline:hour:"
+CACHE_PREFIX = "jobs:timeline:hour:v2:"
 
 
 def _hours(starts: list[datetime], now: datetime) -> dict[str, Bucket]:
@@ -276,8 +288,35 @@ def _hours(starts: list[datetime], now: datetime) -> dict[str, Bucket]:
     return found
 
 
+def _actor_totals(
+    per_state: dict[str, dict[str, int]], durations: dict[str, dict[int, int]]
+) -> list[ActorFigures]:
+    """Actors with jobs succeeded or failed; percentiles over their duration classes."""
+    figures = []
+    for actor, counts in sorted(per_state.items()):
+        finished = counts.get(states.SUCCEEDED, 0) + counts.get(states.FAILED, 0)
+        if finished:
+            classes = durations.get(actor, {})
+            figures.append(
+                ActorFigures(
+                    actor,
+                    finished,
+                    counts.get(states.FAILED, 0),
+                    quantile_from_counts(classes, 0.5),
+                    quantile_from_counts(classes, 0.95),
+                )
+            )
+    return figures
+
+
+def _add(into: dict[Any, int], counts: dict[Any, int]) -> None:
+    for key, n in counts.items():
+        into[key] = into.get(key, 0) + n
+
+
 def timeline(window: Window, now: datetime | None = None, *, cached: bool = True) -> Timeline:
-    """Jobs finished per bucket by outcome, and the p95 duration per actor per bucket."""
+    """Jobs finished per bucket by outcome, the p95 duration per actor per bucket,
+    and per actor its jobs, failures and p50/p95 over the whole window."""
     now = now or timezone.now()
     starts = window.starts(now)
     if window.unit == "hour" and cached:
@@ -286,16 +325,21 @@ def timeline(window: Window, now: datetime | None = None, *, cached: bool = True
         buckets = _aggregate(window.unit, starts[0])
     outcomes = {outcome: [0] * len(starts) for outcome in OUTCOMES}
     histograms: dict[str, list[dict[int, int]]] = {}
+    per_state: dict[str, dict[str, int]] = {}
+    merged: dict[str, dict[int, int]] = {}
     for index, start in enumerate(starts):
         bucket = buckets.get(_key(start, window.unit))
         if bucket is None:
             continue
         for outcome, n in bucket.outcomes.items():
             outcomes[outcome][index] += n
+        for actor, by_state in bucket.actors.items():
+            _add(per_state.setdefault(actor, {}), by_state)
         for actor, counts in bucket.durations.items():
             histograms.setdefault(actor, [{} for _ in starts])[index] = counts
+            _add(merged.setdefault(actor, {}), counts)
     p95 = {
         actor: [quantile_from_counts(counts, 0.95) for counts in per_bucket]
         for actor, per_bucket in sorted(histograms.items())
     }
-    return Timeline(window, starts, outcomes, p95)
+    return Timeline(window, starts, outcomes, p95, _actor_totals(per_state, merged))

@@ -98,6 +98,12 @@ def _dead_letter(row: dict[str, Any]) -> dramatiq.Message[Any] | None:
         raise _RedisAway from exc
 
 
+# An operator's bulk action (jobs.admin.bulk) acts with the rights of the one
+# who asked: a retry by anybody else would act in their name. Started again
+# from the list instead, by someone allowed to.
+NOT_RETRIABLE = frozenset({"bulk_action"})
+
+
 def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
     """Send failed jobs again as new messages linked to the original.
 
@@ -124,6 +130,9 @@ def retry_jobs(queryset: QuerySet[Job]) -> Outcome:
         for row in rows:
             if row["retried_as"] is not None:
                 outcome.already += 1
+                continue
+            if row["actor_name"] in NOT_RETRIABLE:
+                outcome.skipped += 1
                 continue
             try:
                 original = _original_message(row) if row["actor_name"] in broker.actors else None
@@ -212,6 +221,13 @@ def cancel_jobs(queryset: QuerySet[Job], *, by: str = "") -> Outcome:
     live = queryset.filter(state__in=(*waiting_states, states.RUNNING))
     for rows in _batches(live, "message_id", "options", "state"):
         ids = [row["message_id"] for row in rows]
+        running = Job.objects.filter(message_id__in=ids, state=states.RUNNING)
+        unasked = running.filter(cancel_requested_at__isnull=True)
+        # Running jobs are marked before the cancel reaches Redis: a job that
+        # checks often stops within milliseconds of it, and the worker's
+        # "cancelled" record would otherwise land first, leaving the cancel
+        # counted as neither and its author unrecorded.
+        outcome.requested += unasked.update(cancel_requested_at=now, cancelled_by=who)
         queues.cancel(ids)
         outcome.done += Job.objects.filter(message_id__in=ids, state__in=waiting_states).update(
             state=states.CANCELLED,
@@ -222,14 +238,13 @@ def cancel_jobs(queryset: QuerySet[Job], *, by: str = "") -> Outcome:
         )
         # progress is left as it was: a worker that picked the message up before
         # it saw the cancel (JOBS_CONTROL_REFRESH_MS) records the run over this,
-        # and one that skips it records the final "cancelled".
-        running = Job.objects.filter(message_id__in=ids, state=states.RUNNING)
-        asked = running.filter(cancel_requested_at__isnull=True).update(
-            cancel_requested_at=now, cancelled_by=who
-        )
+        # and one that skips it records the final "cancelled". A job that started
+        # between the read and the cancel is asked now.
+        asked = unasked.update(cancel_requested_at=now, cancelled_by=who)
         outcome.requested += asked
         # Asked before (a double click, a second operator): still stopping.
-        outcome.already += running.count() - asked
+        earlier = running.filter(cancel_requested_at__isnull=False).exclude(cancel_requested_at=now)
+        outcome.already += earlier.count()
         _free_dedup_keys(rows)
     return outcome
 

@@ -44,6 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import (
@@ -382,6 +383,11 @@ def _write_safely(events: list[Event], *, outage_raises: bool = False) -> None:
         by_job: dict[str, list[Event]] = {}
         for event in events:
             by_job.setdefault(event.message_id, []).append(event)
+        if len(by_job) == 1 and not connection.in_atomic_block and caused_by_events(exc):
+            connection.close_if_unusable_or_obsolete()
+            [(message_id, own)] = by_job.items()
+            _salvage(message_id, own, exc)
+            return
         if len(by_job) == 1 or connection.in_atomic_block:
             jobs = ", ".join(by_job)
             _lost(
@@ -404,12 +410,55 @@ def _write_safely(events: list[Event], *, outage_raises: bool = False) -> None:
             connection.close_if_unusable_or_obsolete()
             if outage_raises and not caused_by_events(exc):
                 raise DatabaseUnreachable(_first_line(exc)) from exc
-            _lost(
-                1,
-                "Job ledger write failed for job %s; %d event(s) not recorded",
-                message_id,
-                len(own),
-            )
+            _salvage(message_id, own, exc)
+
+
+# Set on the row of a job whose own values the database refused (_salvage).
+VALUES_REFUSED = "LedgerValuesRefused"
+
+
+def _salvage(message_id: str, own: list[Event], exc: BaseException) -> None:
+    """Record a job whose own values the database refused (a message sent with
+    ``max_retries=-2``, a name too long) with what always fits: its identity and
+    its latest state, and a note of what was refused, so that no job that ran is
+    missing from the ledger. Counted as a write failure either way."""
+    latest = max(own, key=lambda event: event.progress)
+    created = next((event.create for event in own if event.create), {})
+    # The first line only: PostgreSQL's DETAIL ("Failing row contains (...)")
+    # would copy the job's arguments into the note.
+    note = (
+        f"The ledger refused this job's own values ({type(exc).__name__}: "
+        f"{_first_line(exc)[:300]}); only its state is recorded."
+    )
+    salvaged = Event(
+        message_id,
+        latest.state,
+        latest.progress,
+        {
+            "actor_name": str(created.get("actor_name") or "")[:200],
+            "queue_name": str(created.get("queue_name") or "")[:200],
+            "enqueued_at": created.get("enqueued_at") or datetime.now(UTC),
+        },
+        {"error_type": VALUES_REFUSED, "error_message": note},
+    )
+    try:
+        _write_retrying([salvaged])
+    except Exception:
+        connection.close_if_unusable_or_obsolete()
+        _lost(
+            1,
+            "Job ledger write failed for job %s; %d event(s) not recorded",
+            message_id,
+            len(own),
+        )
+        return
+    _lost(
+        1,
+        "Job ledger refused the values of job %s; recorded its state (%s) only",
+        message_id,
+        latest.state,
+        exc_info=False,
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -452,14 +501,17 @@ class BatchWriter:
         self.written = 0  # ... and of the last event whose write was attempted
         self.settled = 0  # ... and whose held acks were sent too
         self.urgent = False
-        # message id -> the sequence number its ack must wait for
-        self.tickets: dict[str, int] = {}
-        # (sequence number, runner, item) of acks handed over by consumers
+        # (sequence number, runner, item) of acks handed over by consumers. The
+        # number an ack waits for travels with its delivery (``hold``), not in
+        # a table by message id: two deliveries of one message in one process
+        # (a redelivery while the first runs, a delay-queue copy acked beside
+        # the job that sent it) could take each other's.
         self.held: list[tuple[int, AfterWritten, Any]] = []
         self.thread = threading.Thread(target=self._run, name="job-ledger-writer", daemon=True)
         self.thread.start()
 
-    def add(self, event: Event, *, durable: bool = False, before_ack: bool = False) -> None:
+    def add(self, event: Event, *, durable: bool = False, before_ack: bool = False) -> int | None:
+        """Buffer ``event``; with ``before_ack``, the number its ack must wait for."""
         # Every worker thread comes through here twice per job. A thread can lose
         # the GIL while it holds the lock, and the others then queue on the lock
         # (a convoy that cost more CPU than the work: 8 threads adding two
@@ -469,17 +521,14 @@ class BatchWriter:
         # ``urgent`` is set, it takes the batch whether notified again or not).
         if not (durable or before_ack):
             self.loose.append(event)
-            return
+            return None
         with self.mutex:
             self.added += 1
             seq = self.added
             self.buffer.append((seq, event))
             if before_ack:
-                self.tickets[event.message_id] = seq
-                if not self.urgent:
-                    self.urgent = True
-                    self.condition.notify_all()
-                return
+                self._hurry()
+                return seq
             # durable (the batch that takes it numbers the loose events before it too)
             self.urgent = True
             self.condition.notify_all()
@@ -487,12 +536,14 @@ class BatchWriter:
                 logger.warning(
                     "Job ledger write slower than %.0f s; not waiting", self.DURABLE_WAIT
                 )
+        return None
 
-    def hold_ack(self, message_id: str) -> None:
-        """The message's ack waits for every event added so far."""
+    def hold_ack(self) -> int:
+        """The number an ack waits for to follow every event added so far."""
         with self.condition:
             self._number_loose()
-            self._hold(message_id, self.added)
+            self._hurry()
+            return self.added
 
     def _number_loose(self) -> None:
         """Move the loose events into the buffer, numbered (the lock held)."""
@@ -500,18 +551,19 @@ class BatchWriter:
             self.added += 1
             self.buffer.append((self.added, self.loose.popleft()))
 
-    def _hold(self, message_id: str, seq: int) -> None:
-        self.tickets[message_id] = seq
+    def _hurry(self) -> None:
+        """An ack will wait: the writer takes the batch now (the lock held)."""
         if not self.urgent:  # (see add)
             self.urgent = True
             self.condition.notify_all()
 
-    def after_written(self, message_id: str, runner: AfterWritten, item: Any) -> bool:
-        """Have ``runner([item, ...])`` called once the message's held events are
-        written; False (run it yourself, now) when nothing holds the message."""
+    def after_written(self, seq: int | None, runner: AfterWritten, item: Any) -> bool:
+        """Have ``runner([item, ...])`` called once the events up to ``seq`` are
+        written; False (run it yourself, now) when they are, or nothing waits."""
+        if seq is None:
+            return False
         with self.mutex:  # (see add)
-            seq = self.tickets.pop(message_id, None)
-            if seq is None or seq <= self.written:
+            if seq <= self.written:
                 return False
             self.held.append((seq, runner, item))
             return True
@@ -659,22 +711,22 @@ def _batch_writer() -> BatchWriter:
     return _writer
 
 
-def record(event: Event, *, durable: bool = False, before_ack: bool = False) -> None:
+def record(event: Event, *, durable: bool = False, before_ack: bool = False) -> int | None:
     """Record ``event``: now (flush interval 0) or with the next batch.
 
     ``durable`` waits until the event's batch is written: a worker records a
     job's end this way before it acks the message, so a worker killed right
     after never leaves a finished job shown as running. ``before_ack`` gets the
     same order without the wait, for a consumer that asks ``after_written``
-    before it acks.
+    before it acks: it returns the number to ask with (``hold``).
     """
     if not jobs_settings.JOBS_LEDGER_ENABLED:
-        return
+        return None
     stats.events += 1
     if jobs_settings.JOBS_LEDGER_FLUSH_MS <= 0:
         _write_safely([event])
-    else:
-        _batch_writer().add(event, durable=durable, before_ack=before_ack)
+        return None
+    return _batch_writer().add(event, durable=durable, before_ack=before_ack)
 
 
 def write_now(events: list[Event]) -> None:
@@ -687,19 +739,33 @@ def write_now(events: list[Event]) -> None:
     _write_safely(events, outage_raises=True)
 
 
-def hold_ack(message_id: str) -> None:
-    """The message's ack (via ``after_written``) waits for every event recorded so far."""
+def hold_ack() -> int | None:
+    """The number an ack waits for (via ``after_written``) to follow every event
+    recorded so far; None when nothing is batched."""
     if jobs_settings.JOBS_LEDGER_ENABLED and jobs_settings.JOBS_LEDGER_FLUSH_MS > 0:
-        _batch_writer().hold_ack(message_id)
+        return _batch_writer().hold_ack()
+    return None
 
 
-def after_written(message_id: str, runner: AfterWritten, item: Any) -> bool:
-    """Hand ``item`` to ``runner`` once the events held for the message are
+ACK_AFTER = "_jobs_ack_after"
+
+
+def hold(delivery: Any, seq: int | None) -> None:
+    """Make ``delivery`` (a worker's MessageProxy) wait for event ``seq`` before
+    its ack; the highest number it was given counts."""
+    if seq is not None and seq > vars(delivery).get(ACK_AFTER, 0):
+        setattr(delivery, ACK_AFTER, seq)
+
+
+def after_written(delivery: Any, runner: AfterWritten, item: Any) -> bool:
+    """Hand ``item`` to ``runner`` once the events ``delivery`` waits for are
     written (see ``BatchWriter.after_written``); False when nothing holds it."""
     writer = _writer
     if writer is None or writer.pid != os.getpid():
         return False
-    return writer.after_written(message_id, runner, item)
+    # Read from the proxy's own attributes: a MessageProxy forwards a missing
+    # attribute to its Message, which a copy (a retry) shares fields with.
+    return writer.after_written(vars(delivery).get(ACK_AFTER), runner, item)
 
 
 def flush(timeout: float = 10.0, *, intake: bool = True) -> bool:

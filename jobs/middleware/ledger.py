@@ -34,6 +34,7 @@ from jobs.ledger.redaction import (
     secret_values,
 )
 from jobs.ledger.references import OPTION as REFERS_TO
+from jobs.ledger.references import SEARCH_OPTION as SEARCH_BY
 from jobs.ledger.references import subjects_of
 from jobs.ledger.writer import (
     PHASE_DELAYED,
@@ -139,9 +140,26 @@ def _error_fields(message: MessageProxy, exception: BaseException) -> dict[str, 
     return {
         "error_type": kind.__name__,
         "error_class_path": f"{kind.__module__}.{kind.__qualname__}"[:300],
-        "error_message": clean(str(exception))[:MAX_TEXT],
+        "error_message": clean(_text_of(exception))[:MAX_TEXT],
         "traceback": text[-MAX_TEXT:],
     }
+
+
+def error_text(message: dramatiq.Message[Any] | MessageProxy, exception: BaseException) -> str:
+    """The error's text as the ledger records it: printable whatever its
+    ``__str__`` does, and with the job's secrets masked (also for a failure
+    callback, jobs.middleware.callbacks)."""
+    secrets = secret_values(message.actor_name, message.args, message.kwargs)
+    return redact_text(mask_values(_text_of(exception), secrets))[:MAX_TEXT]
+
+
+def _text_of(exception: BaseException) -> str:
+    """``str(exception)``, or a stand-in when its ``__str__`` raises: this hook
+    failing would let the ack go out with the row left "running"."""
+    try:
+        return str(exception)
+    except Exception:
+        return "<exception str() failed>"  # as traceback.format_exception says it
 
 
 def _stores_return_value(broker: Broker, message: MessageProxy) -> bool:
@@ -155,10 +173,10 @@ def _acks_after_ledger(broker: Broker) -> bool:
     return bool(getattr(broker, "acks_after_ledger", False))
 
 
-def _record_before_ack(broker: Broker, event: Event) -> None:
+def _record_before_ack(broker: Broker, message: MessageProxy, event: Event) -> None:
     """Record a job's end so that it is durable before the message is acked."""
     if _acks_after_ledger(broker):
-        ledger.record(event, before_ack=True)
+        ledger.hold(message, ledger.record(event, before_ack=True))
     else:
         ledger.record(event, durable=True)
 
@@ -189,9 +207,10 @@ class Ledger(dramatiq.Middleware):
     has its return value kept; it must already be JSON-safe and size-capped.
     """
 
-    # ``refers_to={"user_id": "auth.User"}``: see jobs.ledger.references. One
-    # set: dramatiq's @actor refuses an option no middleware declares.
-    actor_options = {"store_return_value", REFERS_TO}
+    # ``refers_to={"user_id": "auth.User"}``, ``search_by=("order.number",)``:
+    # see jobs.ledger.references. One set: dramatiq's @actor refuses an option
+    # no middleware declares.
+    actor_options = {"store_return_value", REFERS_TO, SEARCH_BY}
 
     def __init__(self) -> None:
         # message id -> (monotonic start, wall-clock start, attempt number,
@@ -276,7 +295,7 @@ class Ledger(dramatiq.Middleware):
             # a worker dying now would leave the job "running" on an acked
             # message, which the watchdog takes for a success.
             if _acks_after_ledger(broker):
-                ledger.hold_ack(message.message_id)
+                ledger.hold(message, ledger.hold_ack())
             else:
                 ledger.flush(ledger.BatchWriter.DURABLE_WAIT)
             return
@@ -293,6 +312,7 @@ class Ledger(dramatiq.Middleware):
             # worker's batch could only be guessed.
             _record_before_ack(
                 broker,
+                message,
                 Event(
                     message.message_id,
                     states.SUCCEEDED,
@@ -308,6 +328,7 @@ class Ledger(dramatiq.Middleware):
             # Stopped by an operator: its own state, and no failed attempt.
             _record_before_ack(
                 broker,
+                message,
                 Event(
                     message.message_id,
                     states.CANCELLED,
@@ -335,6 +356,7 @@ class Ledger(dramatiq.Middleware):
             state, progress, update = states.RUNNING, running, {}
         _record_before_ack(
             broker,
+            message,
             Event(
                 message.message_id,
                 state,
@@ -350,10 +372,16 @@ class Ledger(dramatiq.Middleware):
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started.pop(message.message_id, None)
         if message.options.get("paused_requeue"):
+            # Its put-back (jobs.middleware.control) was recorded "delayed" by
+            # after_enqueue just now: written before this delivery's ack, as a
+            # deferral's is, so a kill between cannot leave the row without it.
+            if _acks_after_ledger(broker):
+                ledger.hold(message, ledger.hold_ack())
             return
         reason = message.options.get("skip_reason", "age limit")
         _record_before_ack(
             broker,
+            message,
             Event(
                 message.message_id,
                 states.CANCELLED if reason == "cancelled" else states.SKIPPED,

@@ -55,6 +55,11 @@ class StateCollector(Collector):
         paused = GaugeMetricFamily(
             "jobs_queue_paused", "1 if the queue is paused", labels=["queue"]
         )
+        parked = GaugeMetricFamily(
+            "jobs_queue_parked",
+            "Messages waiting for a concurrency slot (counted in jobs_queue_waiting too)",
+            labels=["queue"],
+        )
         try:
             for stat in _from_redis(queues.all_queue_stats):
                 waiting.add_metric([stat.name], stat.waiting)
@@ -62,11 +67,12 @@ class StateCollector(Collector):
                 dead.add_metric([stat.name], stat.dead)
                 oldest.add_metric([stat.name], stat.oldest_waiting_age_s or 0.0)
                 paused.add_metric([stat.name], 1 if stat.paused else 0)
+                parked.add_metric([stat.name], stat.parked)
         except _Skipped:
             pass  # Redis is away: the figure is left out of this scrape
         except Exception:
             logger.warning("Could not read queue state for metrics", exc_info=True)
-        yield from (waiting, delayed, dead, oldest, paused)
+        yield from (waiting, delayed, dead, oldest, paused, parked)
 
         hits = CounterMetricFamily("jobs_cache_hits", "Cache hits", labels=["namespace"])
         misses = CounterMetricFamily("jobs_cache_misses", "Cache misses", labels=["namespace"])

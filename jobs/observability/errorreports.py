@@ -46,6 +46,8 @@ class SecretsReporterFilter(SafeExceptionReporterFilter):
     def get_safe_cookies(self, request: HttpRequest) -> dict[str, Any]:
         # Every value: a session cookie in an error email is a logged-in session
         # for whoever reads it (Django masks only names that look secret).
+        if not hasattr(request, "COOKIES"):  # an error logged outside a request
+            return {}
         return {name: self.cleansed_substitute for name in request.COOKIES}
 
 
@@ -103,6 +105,13 @@ class ThrottledAdminEmailHandler(AdminEmailHandler):
         if held:
             record.msg = f"{record.msg} ({held} error email(s) held back before this one)"
         super().emit(record)
+
+    def send_mail(self, subject: Any, message: Any, *args: Any, **kwargs: Any) -> None:
+        # The reporter masks settings, locals and the request; the exception's
+        # own text (a URL with its password in a connection error) is masked here.
+        if kwargs.get("html_message"):
+            kwargs["html_message"] = redact_text(kwargs["html_message"])
+        super().send_mail(redact_text(str(subject)), redact_text(str(message)), *args, **kwargs)
 
     def _admit(self, record: logging.LogRecord) -> int | None:
         """None to hold the record back; else how many were held back before it."""

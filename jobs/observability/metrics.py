@@ -56,6 +56,17 @@ DURATION = Histogram(
     "jobs_duration_seconds", "Time of one attempt", ["actor", "queue"], buckets=DURATION_BUCKETS
 )
 ENQUEUED = Counter("jobs_enqueued_total", "Messages enqueued", ["actor", "queue"])
+# Per-key concurrency (jobs.concurrency): jobs set aside because their key was
+# full, and how long they waited for a slot.
+PARKED = Counter(
+    "jobs_parked_total", "Jobs set aside because their concurrency key was full", ["actor", "queue"]
+)
+SLOT_WAIT = Histogram(
+    "jobs_slot_wait_seconds",
+    "Time a parked job waited for a concurrency slot",
+    ["actor", "queue"],
+    buckets=(*WAIT_BUCKETS, 60, 300, 900, 3600),  # a key may stay full for minutes
+)
 
 LOCK_WAIT = Histogram(
     "jobs_lock_wait_seconds", "Time waited to acquire a Redis lock", buckets=WAIT_BUCKETS

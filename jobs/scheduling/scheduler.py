@@ -12,6 +12,11 @@ back, if it is no older than that window.
 
 The tick reaches the actor as the message option ``tick`` (ISO 8601), see
 ``current_tick()``, so the job can be idempotent for its tick.
+
+The code's cron is a default: an operator may change a schedule or switch it
+off in the admin (``jobs.scheduling.overrides``). The scheduler reads those
+changes each minute, so it wakes every minute, and follows them for ticks and
+catch-up alike.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dramatiq.middleware import CurrentMessage
 
 from jobs.broker import redis_broker
 from jobs.conf import jobs_settings
+from jobs.scheduling.overrides import OverrideReader, Schedule
 
 logger = logging.getLogger(__name__)
 TICK_KEY_TTL = int(timedelta(days=8).total_seconds())
@@ -120,13 +126,16 @@ def enqueue_tick(
 
 
 def missed_tick(
-    actor: dramatiq.Actor[Any, Any], now: pendulum.DateTime
+    actor: dramatiq.Actor[Any, Any], now: pendulum.DateTime, schedule: Schedule | None = None
 ) -> pendulum.DateTime | None:
-    """The newest tick before ``now``'s minute within the actor's catch-up window."""
+    """The newest tick before ``now``'s minute within the actor's catch-up window.
+
+    Of ``schedule`` (the effective one) when given, else of the code's cron.
+    """
     window: timedelta | None = actor.options.get("catch_up")
-    if not window:
+    if not window or (schedule is not None and not schedule.enabled):
         return None
-    spec = actor.options["periodic"]
+    spec = actor.options["periodic"] if schedule is None else schedule.spec
     candidate = spec.next_valid_date(minute(now) - window - timedelta(minutes=1))
     newest = None
     while candidate < minute(now):
@@ -147,9 +156,15 @@ class Scheduler:
 
     RETRY_FOR = 50.0  # seconds; less than a minute, so the next tick is not delayed
 
-    def __init__(self, actors: list[dramatiq.Actor[Any, Any]], clock: Clock) -> None:
+    def __init__(
+        self,
+        actors: list[dramatiq.Actor[Any, Any]],
+        clock: Clock,
+        overrides: OverrideReader | None = None,
+    ) -> None:
         self.actors = actors
         self.clock = clock
+        self.overrides = overrides or OverrideReader()
         self.stopping = threading.Event()
 
     def _enqueue(self, actor: dramatiq.Actor[Any, Any], tick: datetime, reason: str) -> bool:
@@ -170,23 +185,24 @@ class Scheduler:
 
     def catch_up(self) -> int:
         now = self.clock.now()
+        schedules = self.overrides.schedules(self.actors)
         sent = 0
         for actor in self.actors:
-            tick = missed_tick(actor, now)
+            tick = missed_tick(actor, now, schedules[actor.actor_name])
             if tick is not None and self._enqueue(actor, tick, "catch-up"):
                 sent += 1
         return sent
 
     def run_due(self, now: pendulum.DateTime) -> int:
         tick = minute(now)
-        due = [a for a in self.actors if a.options["periodic"].validate(tick)]
+        schedules = self.overrides.schedules(self.actors)  # one query a minute
+        due = [a for a in self.actors if schedules[a.actor_name].is_due(tick)]
         return sum(1 for actor in due if self._enqueue(actor, tick, "tick"))
 
     def next_tick(self, now: pendulum.DateTime) -> pendulum.DateTime:
-        upcoming: list[pendulum.DateTime] = [
-            a.options["periodic"].next_valid_date(now) for a in self.actors
-        ]
-        return min(upcoming)
+        # Every minute, not the next cron match: a schedule edited in the admin
+        # meanwhile takes effect at the next minute.
+        return minute(now).add(minutes=1)
 
     def run(self) -> None:
         self.catch_up()

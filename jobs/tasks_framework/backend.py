@@ -54,6 +54,8 @@ from jobs.tasks_framework.compat import (
 # defaults (JOBS_MAX_RETRIES, JOBS_MIN_BACKOFF_MS, JOBS_MAX_BACKOFF_MS, JOBS_TIME_LIMIT_MS).
 ACTOR_OPTIONS = ("max_retries", "min_backoff", "max_backoff", "time_limit", "max_age")
 BACKEND_OPTIONS = (*ACTOR_OPTIONS, "result_max_bytes", "worker_queues")
+# Checked when the task's actor is declared (jobs.concurrency.keys, .fairness).
+TASK_ONLY_OPTIONS = ("concurrency_key", "concurrency_limit", "fairness_key")
 DEFAULT_RESULT_MAX_BYTES = 64 * 1024
 # Dramatiq's Redis broker holds delayed messages in the consuming worker until
 # they are due, and documents delays up to 7 days.
@@ -69,6 +71,12 @@ class DramatiqTask(Task):  # type: ignore[type-arg]
     max_backoff: int | None = None
     time_limit: int | None = None
     max_age: int | None = None
+    # Per-key concurrency (jobs.concurrency): a format string over the task's
+    # arguments and the most jobs of one key that run at once. Per task only.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    # Fair queueing (jobs.concurrency.fairness): jobs of each key take turns.
+    fairness_key: str | None = None
 
 
 def _option_problems(name: str, value: Any) -> list[str]:
@@ -134,7 +142,7 @@ class DramatiqBackend(BaseTaskBackend):
 
     def actor_options(self, task: Task[Any, Any]) -> dict[str, Any]:
         """The actor options of ``task``: its own, else the backend's OPTIONS."""
-        own = {k: getattr(task, k, None) for k in ACTOR_OPTIONS}
+        own = {k: getattr(task, k, None) for k in (*ACTOR_OPTIONS, *TASK_ONLY_OPTIONS)}
         return {**self.defaults, **{k: v for k, v in own.items() if v is not None}}
 
     def validate_task(self, task: Task[Any, Any]) -> None:

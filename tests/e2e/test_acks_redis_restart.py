@@ -23,6 +23,7 @@ from jobs.models import Job
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 from tests.e2e.test_crash_safety import wait_until
+from tests.fault_matrix import FaultRow, report
 from tests.jobs.broker.test_acks import ledger_writes_blocked
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -116,6 +117,15 @@ def test_a_worker_stopped_while_redis_is_down_keeps_its_acks(
             f"\nworker exited {code} after {stopped_after:.1f} s with {left_unacked} "
             f"finished job(s) unacked; runs per job {runs}; succeeded rows {succeeded}; "
             f"'Could not ack' logged: {'Could not ack' in worker.log()}"
+        )
+        report(
+            FaultRow(
+                "Redis down while a stopping worker acks",
+                JOBS,
+                sum(r == 0 for r in runs),
+                sum(max(r - 1, 0) for r in runs),
+                JOBS - succeeded,
+            )
         )
         # Then the finished jobs were acked before the worker left: none ran twice
         assert left_unacked == 0

@@ -16,6 +16,7 @@ from jobs.broker import queues, redis_broker
 from jobs.ledger import intake, operations
 from jobs.models import Job
 from tests.examples.tasks import long_job
+from tests.fault_matrix import FaultRow, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 READY = "Worker process is ready for action."
@@ -67,6 +68,16 @@ def test_a_cancel_survives_the_kill_of_the_worker_running_the_job(start_worker: 
     print(
         f"\ncancel + kill -9: recorded cancelled {took:.1f} s after the kill; "
         f"runs {counted('starts')}, ends {counted('ends')}, by {row.cancelled_by!r}"
+    )
+    report(
+        FaultRow(
+            "worker SIGKILLed right after a cancel was asked",
+            1,
+            0,
+            counted("starts") - 1,
+            int(row.state != "cancelled"),
+            took,
+        )
     )
     assert row.cancelled_by == "e2e-operator"
     assert counted("starts") == 1  # the peer skipped it: never run a second time

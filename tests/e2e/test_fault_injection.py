@@ -24,6 +24,7 @@ from jobs.scheduling.watchdog import reconcile_stalled_jobs
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 from tests.examples.tasks import demo_pipeline
+from tests.fault_matrix import FaultRow, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 FAST_RECOVERY = {
@@ -86,6 +87,12 @@ def test_killing_workers_mid_job_loses_nothing_and_duplicates_nothing(
         f"\nkill -9: 200 jobs, {kills} kills, lost={lost}, duplicates={duplicates}, "
         f"interrupted attempts recorded={interrupted}, reconciled by the watchdog={reconciled}"
     )
+    wrong = Job.objects.filter(message_id__in=ids).exclude(state="succeeded").count()
+    report(
+        FaultRow(
+            f"worker process group SIGKILLed mid-job, {kills} times", 200, lost, duplicates, wrong
+        )
+    )
     assert kills >= 3
     assert (lost, duplicates) == (0, 0)
     assert states == {"succeeded"}
@@ -143,6 +150,15 @@ def test_signups_during_a_redis_outage_are_all_mailed_once_it_is_back(
             f"\nRedis outage: {len(statuses)} signups, statuses={set(statuses)}, "
             f"emails={len(sent)}, distinct={len(set(sent))}"
         )
+        report(
+            FaultRow(
+                "Redis down while signups come in (outbox)",
+                statuses.count(201),
+                20 - len(set(sent)),
+                len(sent) - len(set(sent)),
+                None,
+            )
+        )
         assert statuses == [201] * 20
         assert len(sent) == len(set(sent)) == 20
         worker.terminate()
@@ -172,6 +188,10 @@ def test_waiting_jobs_survive_a_redis_restart_with_aof(start_worker: Any, tmp_pa
         wait_until(lambda: effects("demo-pipeline:aof-") == 1000, timeout=120)
         print(
             f"\nAOF restart: 1000 waiting jobs, {effects('demo-pipeline:aof-')} ran after restart"
+        )
+        ran = effects("demo-pipeline:aof-")
+        report(
+            FaultRow("Redis restarted with 1,000 jobs waiting (AOF)", 1000, 1000 - ran, None, None)
         )
         assert worker.terminate() == 0
     finally:

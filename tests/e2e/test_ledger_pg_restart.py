@@ -19,6 +19,7 @@ from jobs.models import Job
 from jobs.scheduling import watchdog
 from tests.e2e.test_crash_safety import wait_until
 from tests.examples.tasks import long_job
+from tests.fault_matrix import FaultRow, report
 from tests.jobs.ledger.test_ledger_outage import restart_postgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -64,6 +65,8 @@ def test_a_job_ending_after_a_postgres_restart_keeps_its_success(
         f"\nledger after the ack: {after_ack}; after the watchdog: {final}; "
         f"worker logged a lost write: {lost}"
     )
+    wrong = int(after_ack != "succeeded")
+    report(FaultRow("PostgreSQL restarted while a job runs", 1, 0, None, wrong))
     assert after_ack == "succeeded", f"acked while the ledger shows {after_ack!r}"
     assert final is not None
     assert final["state"] == "succeeded"
@@ -108,5 +111,14 @@ def test_a_trickle_of_jobs_survives_a_killed_ledger_connection(start_worker: Any
         f"\ntrickle: {len(acked)} acked, {len(done)} of them recorded succeeded, "
         f"{lost_total} acked without their end; worker logged "
         f"{worker.log().count('Job ledger write failed for')} lost write(s)"
+    )
+    report(
+        FaultRow(
+            "PostgreSQL sessions killed 4 times under a trickle",
+            len(jobs),
+            lost_total,
+            None,
+            lost_total,
+        )
     )
     assert lost_total == 0

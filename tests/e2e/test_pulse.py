@@ -35,9 +35,9 @@ def worker_broker_ids(worker: WorkerProcess) -> dict[int, str]:
     host = workers._key().removeprefix(workers.PREFIX).rsplit(":", 1)[0]
     found = {}
     for pid in worker.group_pids():
-        broker_id = client.get(f"{workers.PREFIX}{host}:{pid}")
+        broker_id, _started = workers.read_presence(client.get(f"{workers.PREFIX}{host}:{pid}"))
         if broker_id and pid != worker.process.pid:
-            found[pid] = broker_id.decode()
+            found[pid] = broker_id
     return found
 
 
@@ -107,7 +107,7 @@ def test_it_stops_beating_a_killed_worker_at_once(start_worker: Any) -> None:
     victim, broker_id = next(iter(siblings.items()))
     os.kill(victim, signal.SIGKILL)
     # Dead once the kernel says so (a killed process runs on until it is scheduled)
-    wait_until(lambda: (pulse._stat(victim) or ("X",))[0] in "ZX", timeout=10, every=0.005)
+    wait_until(lambda: (pulse.proc_stat(victim) or ("X",))[0] in "ZX", timeout=10, every=0.005)
     killed_ms = time.time() * 1000
 
     # Then its broker heartbeat is not refreshed after the kill (the pulse sees

@@ -26,6 +26,7 @@ from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 from tests.e2e.test_crash_safety import wait_until
 from tests.e2e.test_strays_redis_restart import JOBS, hold_delayed_jobs, starts
+from tests.fault_matrix import FaultRow, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 HANG_S = 25  # more than two socket timeouts: the fetch's, then the hand-back's
@@ -48,6 +49,11 @@ def test_delayed_jobs_a_worker_holds_run_after_redis_hangs(
         # Then each delayed job runs once (not when the worker stops)
         took = wait_until(lambda: starts(producer) == [1] * JOBS, timeout=60)
         print(f"\nafter a Redis hang: runs {starts(producer)}, {took:.1f} s after it answered")
+        runs = starts(producer)
+        lost, twice = sum(r == 0 for r in runs), sum(max(r - 1, 0) for r in runs)
+        report(
+            FaultRow("Redis hung (SIGSTOP) with delayed jobs held", JOBS, lost, twice, None, took)
+        )
         assert starts(producer) == [1] * JOBS
         assert worker.terminate() == 0
     finally:

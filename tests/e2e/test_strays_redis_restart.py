@@ -22,6 +22,7 @@ from dramatiq.brokers.redis import RedisBroker
 from project.redis_server import RedisServer
 from tests.e2e.conftest import free_port
 from tests.e2e.test_crash_safety import wait_until
+from tests.fault_matrix import FaultRow, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 READY = "Worker process is ready for action."
@@ -74,6 +75,9 @@ def test_delayed_jobs_a_worker_holds_run_after_a_redis_restart(
             f"{took:.1f} s after Redis came back; "
             f"'Handed back' logged: {'Handed back' in worker.log()}"
         )
+        runs = starts(producer)
+        lost, twice = sum(r == 0 for r in runs), sum(max(r - 1, 0) for r in runs)
+        report(FaultRow("Redis restarted with delayed jobs held", JOBS, lost, twice, None, took))
         assert starts(producer) == [1] * JOBS
         assert held_in_delay_queue(producer) == 0
         assert worker.terminate() == 0

@@ -17,7 +17,11 @@ from collections import Counter
 
 import pytest
 
+from tests.fault_matrix import FaultRow, report
 from tests.multihost.conftest import HEARTBEAT_TIMEOUT_MS, READY, System, wait_for
+
+# The hosts' ledger (the test process's own database is not theirs).
+SYSTEM_DATABASE = "postgresql"
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(300)]
 FINISHED = re.compile(r"demo_pipeline (\S+) finished its")
@@ -53,7 +57,18 @@ def settle(system: System, keys: list[str], emails: set[str], timeout: float = 9
             and finished == sum(ledger.values())
         )
 
-    return wait_for(done, timeout, "jobs settled", every=0.5)
+    try:
+        return wait_for(done, timeout, "jobs settled", every=0.5)
+    except AssertionError as exc:
+        # What did not settle, and what the processes said: a CI run keeps no logs.
+        ledger = system.ledger("demo_pipeline") + system.ledger("send_welcome_email")
+        missing_effects = len(set(keys) - set(effects(system)))
+        missing_emails = len(emails - set(system.mailed()))
+        tails = {name: system.log(f"{name}.log")[-1500:] for name in ("work1", "work2", "sched")}
+        raise AssertionError(
+            f"{exc}: ledger {dict(ledger)}, effects missing {missing_effects}, emails missing "
+            f"{missing_emails}; logs: {tails}"
+        ) from None
 
 
 def running_on(system: System, host: str) -> set[str]:
@@ -101,6 +116,19 @@ def test_it_moves_a_partitioned_worker_hosts_jobs_to_the_other_host(system: Syst
         f"{len(doubled)}; emails lost {len(set(accepted) - set(mailed))}, duplicated "
         f"{duplicates}; ledger {dict(ledger)}; all done {elapsed:.1f} s after the cut"
     )
+    lost = len(set(keys) - set(done)) + len(set(accepted) - set(mailed))
+    report(
+        FaultRow(
+            f"a worker host cut off {3 * HEARTBEAT_TIMEOUT_MS / 1000:.0f} s, then healed",
+            len(keys) + len(accepted),
+            lost,
+            len(doubled) + duplicates,
+            sum(ledger.values()) - ledger["succeeded"],
+            elapsed,
+            "emails at least once: those in flight on the cut host may go twice",
+        ),
+        SYSTEM_DATABASE,
+    )
     assert in_flight, "work1 ran nothing when it was cut: the test shows nothing"
     assert states == {"succeeded": len(in_flight)}
     assert all(s == 201 for s in accepted.values())
@@ -138,6 +166,17 @@ def test_it_finishes_a_lost_worker_hosts_jobs_on_the_other_host(system: System) 
         f"{sum(1 for k in keys if done[k] > 1)}; emails lost "
         f"{len(set(accepted) - set(mailed))}, duplicated {duplicates}; ledger {dict(ledger)}; "
         f"all done {recovery:.1f} s after the loss"
+    )
+    report(
+        FaultRow(
+            "a worker host lost (every process SIGKILLed)",
+            len(keys) + len(accepted),
+            sum(1 for k in keys if done[k] == 0) + len(set(accepted) - set(mailed)),
+            sum(1 for k in keys if done[k] > 1) + duplicates,
+            sum(ledger.values()) - ledger["succeeded"],
+            recovery,
+        ),
+        SYSTEM_DATABASE,
     )
     assert killed >= 2  # the rundramatiq command and its worker process
     assert all(done[k] == 1 for k in keys)
@@ -201,6 +240,18 @@ def test_it_answers_503_and_loses_nothing_while_postgresql_restarts(system: Syst
         f"\npostgresql restarted ({up:.1f} s down): answers {dict(counts)}; "
         f"emails lost {len(accepted - set(mailed))}, duplicated {duplicates}; "
         f"workers alive {[system.workers[n].poll() is None for n in ('work1', 'work2')]}"
+    )
+    report(
+        FaultRow(
+            "PostgreSQL stopped hard and restarted under signups",
+            len(accepted),
+            len(accepted - set(mailed)),
+            duplicates,
+            None,
+            up,
+            f"answers {dict(counts)}: 503 with Retry-After, never 500",
+        ),
+        SYSTEM_DATABASE,
     )
     assert counts[201] > 0
     assert counts[503] > 0, "the restart was not noticed: the test shows nothing"
@@ -295,6 +346,17 @@ def test_it_keeps_signing_up_and_mailing_when_the_redis_primary_is_killed(
         f"slowest answer {max(latencies):.2f} s; primary now {primary}; emails lost "
         f"{len(lost)}, duplicated {duplicated}; jobs flowed again {flow_again:.1f} s after "
         f"the kill; ledger rows {sum(rows.values())}, not succeeded {wrong}"
+    )
+    report(
+        FaultRow(
+            "the Redis primary's host process SIGKILLed (Sentinel failover)",
+            len(accepted),
+            len(lost),
+            duplicated,
+            wrong,
+            flow_again,
+        ),
+        SYSTEM_DATABASE,
     )
     system.start_redis("redis1")  # Sentinel turns it into redis2's replica
     system.wait_for_replica("redis1")

@@ -15,12 +15,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from jobs.cli import EXIT_OK, EXIT_PARTIAL, EXIT_UNAVAILABLE, EXIT_USAGE
 from jobs.cli.actions import CANCEL, NOUN, RETRY, perform, plan
 from jobs.cli.arguments import add_subcommands
-from jobs.cli.console import Console, audit, to_json
-from jobs.cli.control import change_queues, change_text
+from jobs.cli.console import Console, audit, operator, to_json
+from jobs.cli.control import change_queues, change_text, unwind_queues, unwind_text
 from jobs.cli.failed import failed_report, failed_text
+from jobs.cli.schedules import change_schedule, schedules_report, schedules_text
+from jobs.cli.schedules import change_text as change_schedule_text
 from jobs.cli.selection import Selection, SelectionError, parse_ids, parse_when
 from jobs.cli.status import status_report, status_text
+from jobs.cli.trail import audit_report, audit_text
 from jobs.ledger import intake
+from jobs.ledger.audit import first_ids
 
 # First sends reach the ledger through its Redis intake (jobs.ledger.intake):
 # drained first, as the admin's pages do, so a job sent a moment ago while no
@@ -32,7 +36,8 @@ DOING = {RETRY: "Retrying", CANCEL: "Cancelling"}
 class Command(BaseCommand):
     help = (
         "Operate the job platform from a terminal: queues, workers and ledger counts, failed "
-        "jobs, retry and cancel by id or by the admin list's filters, pause and resume queues. "
+        "jobs, retry and cancel by id or by the admin list's filters, pause and resume queues, "
+        "periodic schedules, the audit trail, fair queues' jobs moved back before a rollback. "
         "Each subcommand takes --json and writes an audit line (logger jobs.audit, with the "
         "OS user). Exit status: 0 done; 1 nothing matched, declined or partly done; 2 usage "
         "error; 3 Redis or the database unreachable. See 'manage.py jobs SUBCOMMAND --help'."
@@ -67,6 +72,18 @@ class Command(BaseCommand):
                 code = self.failed(console, options)
             elif subcommand in (RETRY, CANCEL):
                 code = self.act(subcommand, console, options)
+            elif subcommand == "schedules":
+                code = self.schedules(console, options)
+            elif subcommand == "unwind-fair":
+                result = unwind_queues(options["queues"])
+                console.result(result, unwind_text(result))
+                moved = sum(result["moved"].values())
+                audit(subcommand, target={"queues": result["queues"]}, count=moved, message_ids=[])
+                code = EXIT_OK
+            elif subcommand == "audit":
+                report = audit_report(options["limit"], options["job"])
+                console.result(report, audit_text(report))
+                code = EXIT_OK
             else:
                 code = self.change(subcommand, console, options)
         except SelectionError as exc:
@@ -131,6 +148,7 @@ class Command(BaseCommand):
             dry_run=options["dry_run"],
         )
         to_do = run.matched - run.permanent
+        named: list[str] | None = None  # what the audit trail keeps, when something was done
         if to_do and not run.dry_run:
             jobs = f"{to_do:,} {NOUN[action]} matching {selection}"
             if run.permanent:
@@ -139,19 +157,49 @@ class Command(BaseCommand):
                 run.declined = True
             else:
                 console.note(f"{DOING[action]} {jobs}, in batches of {options['batch']:,}.")
+                named = first_ids(queryset)
                 perform(run, queryset, console, batch=options["batch"])
         console.result(run.document(), run.text())
         target = selection.describe()
         if action == RETRY:
             target["include_permanent"] = options["include_permanent"]
         counted = run.matched if run.dry_run or run.declined else run.done + run.requested
-        audit(action, target=target, count=counted, outcome=run.outcome)
+        done = run.done + run.requested
+        audit(
+            action,
+            target=target,
+            count=counted,
+            outcome=run.outcome,
+            message_ids=named if done else None,  # the admin's trail: what was done
+        )
         if run.error or run.redis_away:  # Redis could not be reached, for some at least
             return EXIT_UNAVAILABLE
         return EXIT_OK if run.complete else EXIT_PARTIAL
 
+    def schedules(self, console: Console, options: dict[str, Any]) -> int:
+        verbs = [v for v in ("enable", "disable", "reset") if options[v]]
+        verb = "edit" if options["cron"] is not None else (verbs[0] if verbs else None)
+        if verb is None:
+            if options["actor"]:
+                raise SelectionError("give --cron, --enable, --disable or --reset with ACTOR")
+            report = schedules_report()
+            console.result(report, schedules_text(report))
+            return EXIT_OK
+        if not options["actor"]:
+            raise SelectionError(f"--{'cron' if verb == 'edit' else verb} needs an ACTOR")
+        result = change_schedule(options["actor"], verb, options["cron"], f"os:{operator()}")
+        console.result(result, change_schedule_text(result))
+        return EXIT_OK
+
     def change(self, verb: str, console: Console, options: dict[str, Any]) -> int:
         result = change_queues(verb, options["queues"])
         console.result(result, change_text(result))
-        audit(verb, target={"queues": result["queues"]}, count=len(result["changed"]))
+        changed = len(result["changed"])
+        # an entry in the admin's trail only when a queue changed
+        audit(
+            verb,
+            target={"queues": result["queues"]},
+            count=changed,
+            message_ids=[] if changed else None,
+        )
         return EXIT_OK

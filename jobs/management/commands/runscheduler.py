@@ -11,6 +11,7 @@ from django_dramatiq.management.commands.rundramatiq import Command as RunDramat
 from jobs.broker import redis_broker
 from jobs.broker.timeouts import use_worker_timeouts
 from jobs.conf.migrations import pending_migrations, refusal
+from jobs.scheduling.overrides import OverrideReader
 from jobs.scheduling.scheduler import Scheduler, default_clock, periodic_actors
 
 
@@ -37,17 +38,22 @@ class Command(BaseCommand):
             raise CommandError("No periodic actors found (dramatiq.actor(periodic=cron(...))).")
         clock = default_clock()
         self.stdout.write(f"Scheduling in {clock.tz} (speed x{clock.speed:g}):")
+        overrides = OverrideReader()
+        schedules = overrides.schedules(actors)  # the admin's edits, as the loop reads them
         for actor in actors:
-            spec = actor.options["periodic"]
+            schedule = schedules[actor.actor_name]
             catch_up = actor.options.get("catch_up")
             extra = f", catch-up window {catch_up}" if catch_up else ""
+            if schedule.overridden:
+                extra += f", overridden in the admin (code: {schedule.default})"
+            next_run = schedule.next_run(clock.now())
+            when = f"next {next_run.isoformat()}" if next_run else "switched off"
             self.stdout.write(
-                f"  {spec!s:<16} {actor.actor_name}@{actor.queue_name}"
-                f" next {spec.next_valid_date(clock.now()).isoformat()}{extra}"
+                f"  {schedule.cron:<16} {actor.actor_name}@{actor.queue_name} {when}{extra}"
             )
         self.stdout.flush()
         use_worker_timeouts(redis_broker())  # a worker's Redis timeouts, not a request's
-        scheduler = Scheduler(actors, clock)
+        scheduler = Scheduler(actors, clock, overrides=overrides)
 
         def stop(signum: int, frame: FrameType | None) -> None:
             self.stdout.write(f"Received {signal.Signals(signum).name}, stopping")

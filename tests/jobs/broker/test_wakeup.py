@@ -347,3 +347,32 @@ def test_it_hands_back_the_delayed_jobs_a_stopping_worker_fetched(namespace):
     # Then it runs every one of them, once, without waiting for the stopped
     # worker's heartbeat to go stale (60 s here)
     assert sorted(probes[0].seen) == list(range(5)), _held(probes[0].broker)
+
+
+def test_a_worker_of_many_queues_has_a_connection_for_every_idle_consumer(namespace: str) -> None:
+    # Each idle consumer waits on its wake list holding a connection, two per
+    # queue: with redis-py's default cap of 100, a worker of 60 queues failed
+    # its commands with MaxConnectionsError (CI, once the suite passed ~45).
+    broker = WakeupRedisBroker(url=settings.BROKER_REDIS_URL, namespace=namespace)
+    ran: list[int] = []
+
+    def note(number: int) -> None:
+        ran.append(number)
+
+    actors = [
+        dramatiq.actor(broker=broker, queue_name=f"many-{n}", actor_name=f"many_{n}")(note)
+        for n in range(60)
+    ]
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        time.sleep(1.0)  # every consumer in its idle wait
+        for number, actor in enumerate(actors):
+            actor.send(number)
+        deadline = time.monotonic() + 30
+        while len(ran) < len(actors) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+    assert sorted(ran) == list(range(len(actors)))
+    print(f"60 queues, 1 thread: {broker.client.connection_pool._created_connections} connections")

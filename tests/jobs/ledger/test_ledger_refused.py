@@ -78,8 +78,23 @@ def test_three_bad_events_at_the_head_of_a_batch_cost_only_themselves() -> None:
     ledger.write_now(bad + good)
 
     assert Job.objects.filter(message_id__startswith="good-").count() == 20
-    assert not Job.objects.filter(message_id__startswith="bad-").exists()
     assert ledger.stats.write_failures - failures == 3
+    # The bad ones are recorded too, with their state and what was refused:
+    # a job that ran is never missing from the ledger.
+    bad_rows = Job.objects.filter(message_id__startswith="bad-")
+    assert (
+        sorted(bad_rows.values_list("state", "error_type"))
+        == [("succeeded", ledger.VALUES_REFUSED)] * 3
+    )
+    assert "only its state is recorded" in bad_rows[0].error_message
+
+
+def test_a_job_alone_in_its_batch_whose_values_are_refused_is_recorded_with_its_state() -> None:
+    ledger.write_now([event("alone", max_attempts=-1, args=["secret-ish"])])
+
+    row = Job.objects.get(message_id="alone")
+    assert (row.state, row.error_type, row.args) == ("succeeded", ledger.VALUES_REFUSED, [])
+    assert "secret-ish" not in row.error_message
 
 
 def test_a_refusal_in_the_middle_of_a_split_batch_keeps_the_whole_batch() -> None:

@@ -83,9 +83,12 @@ def test_it_writes_the_rest_of_a_batch_when_one_event_cannot_be_stored(
 
     # Then only that one event is lost, counted and logged with its job
     stored = dict(Job.objects.values_list("message_id", "state"))
-    assert stored == {**{f"ok-{n}": "succeeded" for n in range(5)}, "ok-5": "enqueued"}
+    # (the refused job keeps a row with its state and what was refused)
+    expected = {**{f"ok-{n}": "succeeded" for n in range(5)}, "ok-5": "enqueued"}
+    assert stored == {**expected, "bad": "succeeded"}
+    assert Job.objects.get(message_id="bad").error_type == ledger.VALUES_REFUSED
     assert ledger.stats.write_failures - failures == 1
-    assert "Job ledger write failed for job bad" in caplog.text
+    assert "Job ledger refused the values of job bad" in caplog.text
 
 
 def test_a_duration_longer_than_its_column_holds_is_stored_at_the_columns_top(settings) -> None:

@@ -71,7 +71,7 @@ def test_an_ack_held_after_a_plain_event_is_sent_only_once_that_event_is_written
     # Given a plain event (a deferral's "delayed") and then the message's ack held
     writer = BatchWriter(NEVER)
     writer.add(plain("m-held"))
-    writer.hold_ack("m-held")
+    seq = writer.hold_ack()
     seen: list[set[str]] = []
 
     def send_acks(items: list[Any]) -> list[Any]:
@@ -79,7 +79,7 @@ def test_an_ack_held_after_a_plain_event_is_sent_only_once_that_event_is_written
         return []
 
     # When the consumer hands over the ack, it is held (not sent at once)
-    assert writer.after_written("m-held", send_acks, "ack")
+    assert writer.after_written(seq, send_acks, "ack")
     # Then it is sent after the event's row was written
     wait_until(lambda: bool(seen), timeout=10)
     assert seen == [{"m-held"}]
@@ -108,8 +108,8 @@ def test_eight_threads_of_jobs_ack_each_job_once_and_only_after_its_end_is_writt
         for n in range(150):
             message_id = f"m-{thread}-{n}"
             writer.add(start(message_id))
-            writer.add(end(message_id), before_ack=True)
-            if not writer.after_written(message_id, send_acks, message_id):
+            seq = writer.add(end(message_id), before_ack=True)
+            if not writer.after_written(seq, send_acks, message_id):
                 send_acks([message_id])  # nothing held it: the consumer acks now
 
     threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
@@ -122,3 +122,25 @@ def test_eight_threads_of_jobs_ack_each_job_once_and_only_after_its_end_is_writt
     assert sorted(acked) == sorted(f"m-{t}-{n}" for t in range(8) for n in range(150))
     assert early == []
     assert Job.objects.filter(state="succeeded", attempts=1).count() == 8 * 150
+
+
+def test_two_deliveries_of_one_message_each_wait_for_their_own_end() -> None:
+    # Given two deliveries of one message id in one process (a redelivery while
+    # the first still runs), both ends recorded before either ack is handed over
+    writer = BatchWriter(NEVER)
+    first = writer.add(end("m-twice"), before_ack=True)
+    second = writer.add(end("m-twice"), before_ack=True)
+    sent: list[Any] = []
+
+    def send_acks(items: list[Any]) -> list[Any]:
+        sent.extend(items)
+        return []
+
+    # When each consumer hands over its ack, neither goes out unwritten (with
+    # a table by message id, the second found nothing and was sent at once)
+    assert writer.after_written(first, send_acks, "first")
+    assert writer.after_written(second, send_acks, "second")
+    assert sent == []
+    # Then both go out once the ends are written
+    assert writer.flush()
+    assert sorted(sent) == ["first", "second"]

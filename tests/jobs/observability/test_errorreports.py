@@ -91,3 +91,17 @@ def test_a_report_never_runs_a_querysets_query_again() -> None:
     queryset = User.objects.all()
     assert _mask(queryset) is queryset
     assert _mask({"url": "redis://:pw-12345@h/0"}) == {"url": "redis://:[redacted]@h/0"}
+
+
+def test_an_error_logged_outside_a_request_is_mailed_not_raised(production) -> None:
+    # A worker or a command logging an error on a django.* logger: no request,
+    # and Django's own filter guards that; ours read request.COOKIES and raised
+    # from inside the logging call (send_robust raised, a task's failure retried).
+    try:
+        raise ValueError("outside a request with redis://:in-text-secret@10.0.0.5/0")
+    except ValueError:
+        logging.getLogger("django.tasks").error("Task failed", exc_info=True)
+
+    [email] = mail.outbox
+    assert "ValueError" in email.body
+    assert "in-text-secret" not in email.body

@@ -130,6 +130,30 @@ def test_a_job_that_checks_stops_cleanly_within_the_refresh_interval(
     print(f"cooperative cancel: stopped {took:.2f} s after the request")
 
 
+def test_a_job_that_stops_before_the_cancel_returns_is_counted_and_credited(
+    worker: dramatiq.Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job that checks often stops within milliseconds of the cancel reaching
+    # Redis, and its "cancelled" record can land before the operation's next
+    # statement (seen in CI on Python 3.13). Here the cancel waits for that
+    # record before returning, so the race goes the worker's way every time.
+    message = cooperative.send(30)
+    wait_until(lambda: message.message_id in started, timeout=15)
+    ledger.flush()
+    send_cancel = queues.cancel
+
+    def cancel_then_let_the_worker_record(ids: list[str]) -> None:
+        send_cancel(ids)
+        join(QUEUE, timeout_ms=30_000)
+        ledger.flush()
+        assert Job.objects.get(message_id=message.message_id).state == "cancelled"
+
+    monkeypatch.setattr(queues, "cancel", cancel_then_let_the_worker_record)
+    outcome = operations.cancel_jobs(Job.objects.filter(message_id=message.message_id), by="bob")
+    assert (outcome.done, outcome.requested, outcome.already) == (0, 1, 0)
+    assert Job.objects.get(message_id=message.message_id).cancelled_by == "bob"
+
+
 def test_a_job_that_never_checks_is_stopped_by_force_after_the_grace_period(
     worker: dramatiq.Worker, settings
 ) -> None:

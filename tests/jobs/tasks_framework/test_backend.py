@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections import Counter
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -85,6 +87,26 @@ def returns_a_set() -> Any:
 def never_retried(key: str) -> None:
     calls[key] += 1
     raise ConnectionError("would be retried by default")
+
+
+spans: list[tuple[int, float, float]] = []
+
+
+@task(  # type: ignore[call-overload, untyped-decorator]  # DramatiqTask's options
+    takes_context=True, concurrency_key="account:{account_id}", concurrency_limit=1
+)
+def one_per_account(context: TaskContext[Any, Any], account_id: int) -> None:
+    started = time.monotonic()
+    time.sleep(0.05)
+    spans.append((account_id, started, time.monotonic()))
+
+
+fair_starts: list[int] = []
+
+
+@task(fairness_key="account:{account_id}")  # type: ignore[call-overload, untyped-decorator]
+def fair_per_account(account_id: int) -> None:
+    fair_starts.append(account_id)
 
 
 @task
@@ -480,3 +502,38 @@ def test_a_task_taking_a_context_has_its_secret_argument_redacted_by_name() -> N
     ledger.flush()
 
     assert Job.objects.get(message_id=result.id).args == [7, "[redacted]"]
+
+
+def test_a_task_declares_a_concurrency_key_over_its_arguments(broker: dramatiq.Broker) -> None:
+    # Four threads, six tasks of one account: one at a time. The key is built
+    # from the task's own arguments (the context the worker supplies is not one).
+    spans.clear()
+    for _ in range(6):
+        one_per_account.enqueue(7)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker.start()
+    try:
+        join("default")
+        deadline = time.monotonic() + 15
+        while len(spans) < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+    assert len(spans) == 6
+    ordered = sorted(spans, key=lambda span: span[1])
+    assert all(nxt[1] >= prev[2] for prev, nxt in itertools.pairwise(ordered))
+
+
+def test_a_task_declares_a_fairness_key_over_its_arguments(broker: dramatiq.Broker) -> None:
+    # Account 1's 30 tasks were sent first; account 2's 3 take turns with them.
+    fair_starts.clear()
+    for account in [1] * 30 + [2] * 3:
+        fair_per_account.enqueue(account)
+    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker.start()
+    try:
+        join("default")
+    finally:
+        worker.stop()
+    assert len(fair_starts) == 33
+    assert max(i for i, account in enumerate(fair_starts) if account == 2) < 10, fair_starts

@@ -227,6 +227,38 @@ def admin_posts(c: Corpus) -> None:
     for pk in ("1", "0", "99999999999999999999", "-1", "abc"):
         for verb in ("cancel", "retry"):
             post(f"{verb} job {pk!r}", f"/admin/jobs/job/{pk}/{verb}/", [])
+    for actor, verb, cron in (
+        ("daily_report", "edit", "* * * * * *"),
+        ("daily_report", "edit", ",".join(map(str, range(60))) + " * * * *"),
+        ("daily_report", "edit", "0 0 31 4 *"),
+        ("daily_report", "edit", "\x00"),
+        ("nope", "enable", ""),
+        ("daily_report", "explode", ""),
+        ("x" * 300, "reset", ""),
+    ):
+        path = f"/admin/jobs/job/schedules/{quote(actor)}/{verb}/"
+        post(f"schedule {actor[:20]!r} {verb!r} {cron[:20]!r}", path, [("cron", cron)])
+    for name, query in (
+        ("retry", "nosuchfield=1"),
+        ("delete", "enqueued_at__gte=notadate"),
+        ("cancel", "q=user_id%3D" + "9" * 400 + ".5"),
+        ("explode", ""),
+        ("retry", "state__exact=%00"),
+    ):
+        post(f"bulk {name} with {query[:30]!r}", f"/admin/jobs/job/bulk/{name}/?{query}", [])
+    for pk in ("1", "abc", "99999999999999999999"):
+        post(f"delete audit entry {pk!r}", f"/admin/jobs/auditentry/{pk}/delete/", [])
+    for fields in (
+        [("template", "order:{order_id}"), ("limit", "-1")],
+        [("template", "order:{order_id}"), ("limit", "9" * 400)],
+        [("template", "\x00"), ("limit", "2")],
+        [("template", "x" * 5000), ("limit", "")],
+        [("pattern", "*"), ("limit", "1e9")],
+        [("pattern", "a\nb"), ("limit", "2")],
+        [("pattern", "x" * 300), ("limit", "2")],
+        [("limit", "2")],
+    ):
+        post(f"concurrency limit {fields!r:.40}", "/admin/jobs/job/limits/change/", fields)
     for user_id in ("{staff_id}", "0", "99999999999999999999"):
         c.add(
             "admin-forms",

@@ -1,4 +1,5 @@
-"""The admin's view of periodic jobs: cron text, next and last run, "run now"."""
+"""Periodic jobs as operators see them (the admin's schedules page, `jobs schedules`):
+effective cron, next and last runs, "run now"."""
 
 from __future__ import annotations
 
@@ -11,41 +12,64 @@ import pendulum
 
 from jobs.broker import redis_broker
 from jobs.models import Job
+from jobs.scheduling.overrides import effective_schedules
 from jobs.scheduling.scheduler import claim_tick, default_clock, periodic_actors, tick_key
 
 RUN_NOW_GUARD_SECONDS = 10
+LAST_RUNS = 5
+
+
+@dataclass(frozen=True)
+class Run:
+    pk: int
+    message_id: str
+    state: str
+    enqueued_at: datetime
 
 
 @dataclass(frozen=True)
 class ScheduleRow:
     actor: str
     queue: str
-    cron: str
-    next_run: datetime
-    last_run: datetime | None
-    last_state: str | None
-    last_message_id: str | None
+    cron: str  # the one the scheduler follows
+    default: str  # the code's
+    overridden: bool
+    enabled: bool
+    next_run: datetime | None  # None while switched off
+    runs: list[Run]  # newest first
+
+    @property
+    def last_run(self) -> datetime | None:
+        return self.runs[0].enqueued_at if self.runs else None
+
+
+def last_runs(actor_name: str, limit: int = LAST_RUNS) -> list[Run]:
+    """The newest jobs of ``actor_name`` (the ledger's index on the actor name)."""
+    rows = (
+        Job.objects.filter(actor_name=actor_name)
+        .order_by("-id")
+        .values_list("pk", "message_id", "state", "enqueued_at")[:limit]
+    )
+    return [Run(*row) for row in rows]
 
 
 def schedule_rows() -> list[ScheduleRow]:
     now = default_clock().now()
+    actors = periodic_actors()
+    schedules = effective_schedules(actors)
     rows = []
-    for actor in periodic_actors():
-        last = (
-            Job.objects.filter(actor_name=actor.actor_name)
-            .order_by("-id")
-            .values("enqueued_at", "state", "message_id")
-            .first()
-        )
+    for actor in actors:
+        schedule = schedules[actor.actor_name]
         rows.append(
             ScheduleRow(
                 actor=actor.actor_name,
                 queue=actor.queue_name,
-                cron=str(actor.options["periodic"]),
-                next_run=actor.options["periodic"].next_valid_date(now),
-                last_run=last["enqueued_at"] if last else None,
-                last_state=last["state"] if last else None,
-                last_message_id=last["message_id"] if last else None,
+                cron=schedule.cron,
+                default=schedule.default,
+                overridden=schedule.overridden,
+                enabled=schedule.enabled,
+                next_run=schedule.next_run(now),
+                runs=last_runs(actor.actor_name),
             )
         )
     return rows

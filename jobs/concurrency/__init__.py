@@ -1,0 +1,8 @@
+"""Per-key concurrency: at most N jobs with the same key run at once, and a job
+whose key is full waits outside the queue without holding a worker thread.
+
+``keys`` turns an actor's declaration into a key per message; ``slots`` holds the
+Redis side (take a slot or park, free it and start the next parked job, free the
+slots of dead workers). The Concurrency middleware frees a job's slot when it
+ends; the consumer (``jobs.broker.acks``) takes one before a job is handed on.
+"""

@@ -1,0 +1,229 @@
+"""An actor's concurrency key: a format string over its argument names.
+
+``@dramatiq.actor(concurrency_key="order:{order_id}", concurrency_limit=1)``
+lets at most one job per order run at once. The key is checked against the
+function's signature when the actor is declared, so a misspelt name fails at
+import, not in a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+from dramatiq.middleware import MiddlewareError
+
+from jobs.concurrency import limits, slots
+
+logger = logging.getLogger(__name__)
+
+KEY_OPTION = "concurrency_key"
+LIMIT_OPTION = "concurrency_limit"
+OPTIONS = frozenset({KEY_OPTION, LIMIT_OPTION})
+
+# Longer keys are shortened to a prefix and a hash: a Redis key per job key,
+# and an admin page that lists them.
+MAX_KEY_LENGTH = 200
+
+
+class ConcurrencyKeyError(MiddlewareError, ValueError):
+    """An actor's concurrency declaration does not fit its function. A
+    MiddlewareError: the broker lets only those out of a declaration hook."""
+
+
+@dataclass(frozen=True)
+class KeyTemplate:
+    """A key template checked against its actor's signature (``checked_template``)."""
+
+    template: str
+    signature: inspect.Signature
+
+    def key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The key of a job with these arguments.
+
+        Arguments that do not fit the function, or a dict without the item the
+        key names, give the template itself as the key: such jobs are limited
+        together (and the first fails in its call with Python's TypeError),
+        never run without a limit."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            key = self.template.format_map(bound.arguments)
+        except (TypeError, KeyError, IndexError, AttributeError, ValueError) as exc:
+            if self.template not in _warned:
+                _warned.add(self.template)
+                logger.warning(
+                    "Key %r could not be built (%s: %s); such jobs share the key %r",
+                    self.template,
+                    type(exc).__name__,
+                    exc,
+                    self.template,
+                )
+            return shortened(self.template)
+        return shortened(key)
+
+
+@dataclass(frozen=True)
+class Declaration(KeyTemplate):
+    limit: int
+
+
+def shortened(key: str) -> str:
+    # Redis keys are UTF-8: a lone surrogate (from JSON "\ud800") is spelt out.
+    key = key.encode("utf-8", "backslashreplace").decode()
+    if len(key) <= MAX_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{key[: MAX_KEY_LENGTH - 17]}#{digest}"
+
+
+def declare(actor: dramatiq.Actor[Any, Any]) -> Declaration | None:
+    """The actor's declaration, checked; None for an actor without a key."""
+    template = actor.options.get(KEY_OPTION)
+    limit = actor.options.get(LIMIT_OPTION)
+    if template is None:
+        if limit is not None:
+            raise ConcurrencyKeyError(
+                f"Actor {actor.actor_name!r}: concurrency_limit needs a concurrency_key"
+            )
+        return None
+    if not isinstance(template, str) or not template:
+        raise ConcurrencyKeyError(
+            f"Actor {actor.actor_name!r}: concurrency_key must be a non-empty format string, "
+            f'such as "order:{{order_id}}"'
+        )
+    if limit is None:
+        limit = 1
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConcurrencyKeyError(
+            f"Actor {actor.actor_name!r}: concurrency_limit must be a whole number of 1 "
+            f"or more, not {limit!r}"
+        )
+    signature = checked_template(actor, KEY_OPTION, template)
+    return Declaration(template=template, limit=limit, signature=signature)
+
+
+def checked_template(
+    actor: dramatiq.Actor[Any, Any], option: str, template: str
+) -> inspect.Signature:
+    """The signature of ``actor``'s function, once ``template`` (the value of its
+    ``option``) is known to name only its arguments, by name or item."""
+    # inspect.signature follows __wrapped__ (cancellation.guarded) and honours
+    # __signature__ (a Django task's, without the context workers supply).
+    signature = inspect.signature(actor.fn)
+    names = set(signature.parameters)
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConcurrencyKeyError(
+            f"Actor {actor.actor_name!r}: {option} {template!r} is not a format string: {exc}"
+        ) from None
+    fields = []
+    for _, name, spec, _ in parsed:
+        if name is None:
+            continue
+        if spec and "{" in spec:
+            raise ConcurrencyKeyError(
+                f"Actor {actor.actor_name!r}: {option} {template!r} nests a field in "
+                f"a format spec ({spec!r}); write each part of the key as its own field"
+            )
+        fields.append(name)
+    for field in fields:
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if "." in field.split("[", 1)[0]:
+            raise ConcurrencyKeyError(
+                f"Actor {actor.actor_name!r}: {option} {template!r} reads an attribute "
+                f"({field!r}); arguments arrive as JSON, so name an item instead: "
+                f"{{{root}[...]}}"
+            )
+        if root not in names:
+            raise ConcurrencyKeyError(
+                f"Actor {actor.actor_name!r}: {option} {template!r} names {root!r}, "
+                f"which is not an argument of {actor.fn.__name__}() "
+                f"(its arguments: {', '.join(sorted(names)) or 'none'})"
+            )
+    return signature
+
+
+# Templates already warned about (a key that could not be built): once each.
+_warned: set[str] = set()
+
+# Actor name -> declaration, filled as actors are declared (the Concurrency
+# middleware's after_declare_actor): the consumer looks a message up here.
+_declared: dict[str, Declaration] = {}
+
+
+def register(actor: dramatiq.Actor[Any, Any]) -> None:
+    declaration = declare(actor)
+    if declaration is None:
+        _declared.pop(actor.actor_name, None)
+        return
+    for name, other in _declared.items():
+        # The same template gives the same keys, whose slots are shared: one
+        # limit, or each actor would start jobs up to its own.
+        same_keys = name != actor.actor_name and other.template == declaration.template
+        if same_keys and other.limit != declaration.limit:
+            raise ConcurrencyKeyError(
+                f"Actor {actor.actor_name!r}: concurrency_key {declaration.template!r} "
+                f"is also the key of actor {name!r}, with concurrency_limit={other.limit}; "
+                f"actors sharing a key must share its limit"
+            )
+    _declared[actor.actor_name] = declaration
+
+
+def key_of(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> tuple[str, int] | None:
+    """(key, limit) of a job whose actor declares a key; None for every other job."""
+    declaration = _declared.get(message.actor_name)
+    if declaration is None:
+        return None
+    key = declaration.key(tuple(message.args), dict(message.kwargs))
+    return key, limits.effective(declaration.template, key, declaration.limit)
+
+
+# Attribute of a MessageProxy: the key its slot was taken under (remember_key).
+_KEY_ATTRIBUTE = "_jobs_concurrency_key"
+
+
+def remember_key(message: dramatiq.MessageProxy, key: str | None) -> None:
+    """Note on the delivery the key its slot was taken under: the worker thread
+    that releases it then reads it, not builds it again (7 us a job)."""
+    if key is not None:
+        setattr(message, _KEY_ATTRIBUTE, key)
+
+
+def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.Held | None:
+    """The slot ``message``'s delivery holds (or would), to free; None without a key."""
+    declaration = _declared.get(message.actor_name)
+    if declaration is None:
+        return None
+    key = getattr(message, _KEY_ATTRIBUTE, None)
+    if key is None:
+        key = declaration.key(tuple(message.args), dict(message.kwargs))
+    limit = limits.effective(declaration.template, key, declaration.limit)
+    redis_id = message.options.get("redis_message_id", "")
+    return slots.Held(key, message.message_id, limit, redis_id)
+
+
+def template_of(actor_name: str) -> str:
+    """The key template ``actor_name`` declares ("" for none)."""
+    declaration = _declared.get(actor_name)
+    return "" if declaration is None else declaration.template
+
+
+def limit_for(template: str, key: str) -> int | None:
+    """The limit of ``key`` now (overrides read afresh), for a key of
+    ``template``; None when no actor here declares the template."""
+    declaration = next((d for d in _declared.values() if d.template == template), None)
+    if declaration is None:
+        return None
+    return limits.effective(template, key, declaration.limit)
+
+
+def declared() -> dict[str, Declaration]:
+    """Actor name -> its declaration, for the admin's limits page."""
+    return dict(_declared)

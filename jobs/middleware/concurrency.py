@@ -1,0 +1,163 @@
+"""Per-key concurrency and fair queueing (``jobs.concurrency``): the actor
+options, and the slot of a job freed as soon as it ends.
+
+The slot is taken by the consumer, before the job reaches a worker thread
+(``jobs.broker.acks``); here it is freed after the job ran or was skipped
+(cancelled, paused, expired), which hands it to the oldest parked job.
+
+Worker threads do not free slots themselves: each release would be a round
+trip per job. They hand it to this process's ``job-slots`` thread, which sends
+every release pending in one script call, within moments. A release Redis
+could not take stays pending and is sent again: its holder is alive, so no
+verdict would ever free that slot. The same thread frees, once a second, the
+slots of dead workers and starts the jobs parked behind them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.broker import Broker, MessageProxy
+
+from jobs.concurrency import fairness, keys, slots
+
+logger = logging.getLogger(__name__)
+
+# Seconds between sweeps: a dead holder's slot is freed within the heartbeat
+# timeout and this.
+SWEEP_INTERVAL = 1.0
+# Seconds between attempts while Redis refuses the pending releases.
+RETRY_INTERVAL = 0.2
+# Releases per script call: a script blocks Redis while it runs.
+RELEASES_PER_CALL = 500
+# Seconds the thread lets releases gather after the first: one round trip per
+# job (woken by each) cost a third of the throughput of fast keyed jobs.
+GATHER = 0.002
+
+
+class Concurrency(dramatiq.Middleware):
+    actor_options = {*keys.OPTIONS, fairness.OPTION}
+
+    def __init__(self) -> None:
+        self._pending: list[slots.Held] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        # Before: a declaration that does not fit fails before the actor is
+        # registered, so the module can be fixed and imported again.
+        # Both checked before either is kept: a bad fairness key must not leave
+        # the actor's concurrency key declared (its limit would bind others).
+        fairness.register(actor)
+        try:
+            keys.register(actor)
+        except Exception:
+            fairness.forget(actor.actor_name)
+            raise
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self._release(broker, message)
+
+    def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
+        self._release(broker, message)
+
+    def _release(self, broker: Any, message: MessageProxy) -> None:
+        held = keys.held_slot(message)
+        if held is None:
+            return
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            self._send(broker, [held])  # no releasing thread (yet, or any more)
+            return
+        with self._lock:
+            self._pending.append(held)
+            first = len(self._pending) == 1
+        if first:
+            self._wake.set()
+
+    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        if not hasattr(broker, "namespace"):
+            return  # a stub broker (tests): no Redis
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, args=(broker,), name="job-slots", daemon=True
+        )
+        self._thread.start()
+
+    def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        # After: the worker threads have ended, so every release is pending.
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self, broker: Any) -> None:
+        cursors = {slots.PARKED_KEYS: 0, slots.SLOT_KEYS: 0}
+        next_sweep = time.monotonic() + SWEEP_INTERVAL
+        while True:
+            if self._wake.wait(max(0.0, next_sweep - time.monotonic())):
+                time.sleep(GATHER)
+            self._wake.clear()
+            stopping = self._stop.is_set()
+            try:
+                self._send_pending(broker)
+                if time.monotonic() >= next_sweep and not stopping:
+                    next_sweep = time.monotonic() + SWEEP_INTERVAL
+                    self._sweep(broker, cursors)
+            except redis.RedisError as exc:
+                logger.warning("Slots not freed yet, trying again: %s", exc)
+                if stopping:
+                    return  # the verdict on this worker frees them once it stops beating
+                self._stop.wait(RETRY_INTERVAL)
+                self._wake.set()
+            except Exception:  # the thread must outlive any one pass
+                logger.exception("Slot release failed")
+            if stopping and not self._pending:
+                return
+
+    def _send_pending(self, broker: Any) -> None:
+        while True:
+            with self._lock:
+                batch = self._pending[:RELEASES_PER_CALL]
+                del self._pending[:RELEASES_PER_CALL]
+            if not batch:
+                return
+            try:
+                self._send(broker, batch)
+            except redis.RedisError:
+                with self._lock:
+                    self._pending[:0] = batch
+                raise
+
+    def _send(self, broker: Any, held: list[slots.Held]) -> None:
+        slots.release(broker.client, broker.namespace, held, broker_id=broker.broker_id)
+
+    def _sweep(self, broker: Any, cursors: dict[str, int]) -> None:
+        """Keys with parked jobs first (jobs wait behind a dead holder), then a
+        share of every key with slots (a dead holder's slots nobody waits for)."""
+        started = 0
+        for among, cursor in cursors.items():
+            cursors[among], count = slots.sweep(
+                broker.client,
+                broker.namespace,
+                timeout_ms=int(broker.heartbeat_timeout),
+                cursor=cursor,
+                among=among,
+            )
+            started += count
+        if started:
+            logger.info("Started %d parked job(s) whose slots a dead worker held", started)
