@@ -106,6 +106,15 @@ def _no_stale_workers() -> Iterator[None]:
     broker.middleware[:] = [m for m in broker.middleware if type(m).__name__ != "_WorkerMiddleware"]
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.one_row("sqlite", why)``: a test whose outcome does not
+    depend on the suite's database (it brings its own, or touches only Redis
+    and processes) runs in that row only; the other row says why it skips."""
+    marker = item.get_closest_marker("one_row")
+    if marker is not None and connection.vendor != marker.args[0]:
+        pytest.skip(reason=f"runs in the {marker.args[0]} row only: {marker.args[1]}")
+
+
 @pytest.fixture
 def broker() -> dramatiq.Broker:
     return dramatiq.get_broker()
@@ -186,10 +195,20 @@ def booted_broker() -> dramatiq.Broker:
     return broker
 
 
+# worker_timeout of the in-process workers: how long an idle consumer waits
+# between two fetches. A Worker consumes every queue declared so far, two
+# consumers each (the queue and its delay queue), and once the whole suite is
+# imported that is about 50 consumers: at 50 ms they made 2,000 Redis calls a
+# second and starved the test process of the GIL (in CI a test's single worker
+# thread started a job every 0.8 s). A wake-up token still starts a job at once
+# (jobs.broker.wakeup); this bounds only an idle poll and how long a stop takes.
+IDLE_POLL_MS = 250
+
+
 @pytest.fixture
 def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
     """A real in-process Dramatiq worker on the real Redis broker."""
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=4)
     worker.start()
     yield worker
     worker.stop(timeout=10_000)

@@ -38,6 +38,7 @@ SCENARIOS = (
 
 
 @pytest.mark.e2e
+@pytest.mark.one_row("sqlite", "the bench starts its own Redis and databases")
 @pytest.mark.timeout(300)
 def test_it_runs_the_quick_benchmarks_and_prints_the_table():
     # Given the bench in quick mode, one run per variant, on scenarios that

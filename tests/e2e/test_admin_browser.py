@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 
 from jobs.ledger import writer as ledger
 from jobs.models import Job
+from tests.conftest import IDLE_POLL_MS
 from tests.e2e.conftest import screenshot
 from tests.jobs.admin.test_admin import QUEUE, fragile, run_queue, switch
 
@@ -64,7 +65,7 @@ def test_an_operator_retries_a_failed_job_from_the_dashboard(
     page.locator("button[name=index]").click()  # the actions bar's "Go"
     assert "Retried 1 job(s)." in page.locator("ul.messagelist").inner_text()
 
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         retry = wait_for_state(failed.message_id, "succeeded")

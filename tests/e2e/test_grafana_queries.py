@@ -16,11 +16,15 @@ import pytest
 
 from jobs.consistency.cache import cached
 from jobs.consistency.locks import redis_lock
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 from tests.e2e.conftest import ROOT, free_port
 from tests.jobs.ledger.test_timeline import QUEUE, outcome, run_mix
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_row("sqlite", "Prometheus parses the panels' queries, whatever the database"),
+]
 DASHBOARD = ROOT / "deploy/grafana/dashboards/jobs.json"
 TOKEN = "grafana-test-token"
 
@@ -53,7 +57,7 @@ def test_every_panel_query_parses_and_returns_series(
         pass
     for _ in range(3):
         cached("grafana-test", "1", lambda: 1, ttl=60)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()  # a live worker for jobs_workers_alive and running figures
     # run_mix stopped a worker in this process: its live gauges (jobs_in_progress)
     # must still be served (they once vanished with the stopped worker).

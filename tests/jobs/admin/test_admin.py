@@ -25,7 +25,7 @@ from jobs.ledger import writer as ledger
 from jobs.middleware.periodic import Periodic
 from jobs.models import Job
 from jobs.scheduling.scheduler import current_tick
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "admin-test"
@@ -40,7 +40,7 @@ def fragile(note: str) -> None:
 
 
 def run_queue(broker: dramatiq.Broker) -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)

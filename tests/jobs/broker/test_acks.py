@@ -17,7 +17,7 @@ from dramatiq.brokers.redis import RedisBroker
 from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join, wait_until
+from tests.conftest import IDLE_POLL_MS, join, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "acks-test"
@@ -76,7 +76,7 @@ def test_worker_threads_run_the_next_job_while_the_last_ones_ledger_write_waits(
     held = f"{broker.namespace}:{QUEUE}.msgs"  # a message's hash entry goes with its ack
 
     # Given a worker with 2 threads while the database takes no ledger write
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     with ledger_writes_blocked():
         worker.start()
         # When the jobs run for a while (all of them, or 15 s)

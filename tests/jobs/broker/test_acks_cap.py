@@ -14,7 +14,7 @@ import dramatiq
 import pytest
 
 from jobs.broker import acks
-from tests.conftest import join, wait_until
+from tests.conftest import IDLE_POLL_MS, join, wait_until
 from tests.jobs.broker.test_acks import ledger_writes_blocked
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,7 +34,7 @@ def test_a_stalled_ledger_stops_the_worker_past_the_cap(broker, settings, monkey
     settings.JOBS_LEDGER_FLUSH_MS = 200
     monkeypatch.setattr(acks, "HELD_ACKS_MAX", 5)
     ran.clear()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)  # prefetch 4
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)  # prefetch 4
     try:
         with ledger_writes_blocked():
             worker.start()

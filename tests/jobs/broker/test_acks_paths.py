@@ -16,7 +16,7 @@ import pytest
 from jobs.errors import Deferred
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join, wait_until
+from tests.conftest import IDLE_POLL_MS, join, wait_until
 from tests.jobs.broker.test_acks import held_ids_of, ledger_writes_blocked, queued_ids_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,7 +54,7 @@ def hlen(broker, name: str) -> int:
 
 def test_a_failed_job_is_dead_lettered_only_after_its_failure_is_written(broker, settings):
     settings.JOBS_LEDGER_FLUSH_MS = 200
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     messages = [fails.send(n) for n in range(4)]
     try:
         with ledger_writes_blocked():
@@ -73,7 +73,7 @@ def test_a_failed_job_is_dead_lettered_only_after_its_failure_is_written(broker,
 def test_a_deferral_is_acked_only_after_it_is_written(broker, settings):
     settings.JOBS_LEDGER_FLUSH_MS = 200
     deferred_once.clear()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     message = defers_once.send("k")
     try:
         with ledger_writes_blocked():
@@ -123,7 +123,7 @@ def test_stopping_one_of_two_workers_sends_every_held_ack(broker, settings):
 @pytest.mark.parametrize("setting", ["JOBS_LEDGER_FLUSH_MS", "JOBS_LEDGER_ENABLED"])
 def test_without_batching_or_ledger_acks_go_at_once_and_nothing_is_held(broker, settings, setting):
     setattr(settings, setting, 0)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         [quick_a.send(n) for n in range(10)]
@@ -150,7 +150,7 @@ def test_a_paused_queues_put_back_is_acked_only_after_its_delayed_event_is_writt
     message = quick_a.send(99)
     ledger.flush()
     queues.pause(QUEUE_A)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     try:
         with ledger_writes_blocked():
             worker.start()
@@ -205,7 +205,7 @@ def test_a_delay_queue_copys_ack_cannot_take_the_hold_of_the_delivery_that_sent_
     monkeypatch.setattr(metrics.Metrics, "after_process_message", slow)
     message = defers_at_once.send("k")
     ledger.flush()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     try:
         with ledger_writes_blocked():
             worker.start()

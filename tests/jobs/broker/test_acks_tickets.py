@@ -15,7 +15,7 @@ from jobs.broker import queues
 from jobs.errors import Deferred
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 from tests.jobs.broker.test_acks import held_ids_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,7 +45,7 @@ def test_skips_retries_and_deferrals_leave_nothing_held(broker, settings):
     failing = [flaky.send(f"fail-{n}") for n in range(3)]
     deferring = [flaky.send(f"defer-{n}") for n in range(3)]
     queues.pause(QUEUE)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=3)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=3)
     worker.start()
     try:
         time.sleep(1)  # some trips through the paused queue

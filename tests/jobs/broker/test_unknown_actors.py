@@ -17,7 +17,7 @@ from jobs.broker import queues
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join, wait_until
+from tests.conftest import IDLE_POLL_MS, join, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "deploy-test"
@@ -56,7 +56,7 @@ def test_an_unknown_actors_job_waits_for_a_worker_that_knows_it(
     # Put back every 200 ms rather than the shipped 5 s: the test waits less.
     settings.JOBS_PAUSE_RECHECK_MS = 200
     message = new_version_message(broker)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         # The old worker fetches it and puts it back, again and again: not dead.
@@ -81,7 +81,7 @@ def test_past_the_wait_it_is_dead_lettered_with_a_ledger_row_and_can_be_retried(
     # No wait: dead-lettered at the first fetch (the shipped wait is an hour).
     settings.JOBS_UNKNOWN_ACTOR_WAIT_MS = 0
     message = new_version_message(broker)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         wait_until(lambda: queues.queue_stats(QUEUE).dead == 1, timeout=15)

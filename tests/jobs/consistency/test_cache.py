@@ -27,7 +27,7 @@ from jobs.consistency.cache import (
 from jobs.consistency.outbox import relay_once
 from jobs.middleware.dedup import Dedup
 from jobs.models import OutboxMessage
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 
 def command_calls() -> dict[str, int]:
@@ -235,7 +235,7 @@ def test_warm_up_reloads_invalidated_keys_once(dedup_middleware: Dedup) -> None:
     invalidate_on_commit("warm-test", "k", warm=True)
     assert len(queued_messages("cache")) == 1
 
-    worker = dramatiq.Worker(dramatiq.get_broker(), worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(dramatiq.get_broker(), worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         join("cache")

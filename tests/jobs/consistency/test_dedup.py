@@ -16,7 +16,7 @@ from jobs.ledger import writer as ledger
 from jobs.ledger.operations import cancel_jobs
 from jobs.middleware.dedup import Dedup
 from jobs.models import Job
-from tests.conftest import AttemptRecorder, join, queued_messages, wait_until
+from tests.conftest import IDLE_POLL_MS, AttemptRecorder, join, queued_messages, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("dedup_middleware")]
 
@@ -27,7 +27,7 @@ runs: Counter[str] = Counter()
 
 
 def run_queue(broker: dramatiq.Broker) -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join("dedup-tests")
@@ -162,7 +162,7 @@ def test_a_worker_skipping_a_cancelled_unique_job_frees_its_key(broker: dramatiq
 def test_a_paused_queue_keeps_the_key_of_the_job_it_holds_back(broker: dramatiq.Broker) -> None:
     runs.clear()
     queues.pause("dedup-tests")
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         assert send_unique(counted_job, "paused", "paused") is not None

@@ -23,7 +23,7 @@ from jobs.ledger import writer as ledger
 from jobs.ledger.writer import DatabaseUnreachable
 from jobs.middleware import ledger as ledger_middleware
 from jobs.models import Job
-from tests.conftest import wait_until
+from tests.conftest import IDLE_POLL_MS, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "intake-test"
@@ -89,7 +89,7 @@ def test_a_delayed_first_send_is_recorded_delayed_until_its_eta(broker: dramatiq
 
 def test_a_worker_drains_the_intake_with_no_reader_asking(broker: dramatiq.Broker) -> None:
     # Given a running worker and a job that will wait an hour in the delay queue
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         message = greet.send_with_options(args=(2,), delay=3_600_000)

@@ -15,7 +15,7 @@ from jobs.errors import PermanentJobError
 from jobs.ledger import writer as ledger
 from jobs.middleware import ledger as ledger_middleware
 from jobs.models import Job, JobAttempt
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-test"
@@ -73,7 +73,7 @@ def job_of(message: dramatiq.Message[Any]) -> Job:
 
 
 def run(message: dramatiq.Message[Any], broker: dramatiq.Broker) -> Job:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)
@@ -258,7 +258,7 @@ def test_a_cancelled_message_is_skipped_and_never_runs(broker: dramatiq.Broker) 
 def test_a_paused_queue_holds_its_jobs_until_resumed(broker: dramatiq.Broker) -> None:
     queues.pause(QUEUE)
     message = succeed.send(1)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         time.sleep(0.5)
@@ -279,7 +279,7 @@ def test_a_ledger_write_failure_never_breaks_the_job(broker: dramatiq.Broker, ca
         cursor.execute("ALTER TABLE jobs_job RENAME TO jobs_job_away")
     try:
         message = succeed.send(7)
-        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+        worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
         worker.start()
         join(QUEUE)
         worker.stop()
@@ -299,7 +299,7 @@ def test_batched_writes_record_the_same_states_with_fewer_statements(
     before = ledger.stats.statements
     messages = [succeed.send(n) for n in range(50)] + [fail_permanently.send()]
 
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=4)
     worker.start()
     join(QUEUE)
     worker.stop()
@@ -319,7 +319,7 @@ def test_a_success_is_written_before_the_message_is_acked(
     settings.JOBS_LEDGER_FLUSH_MS = 60_000
     message = succeed.send(1)
 
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)  # returns once the message is acked

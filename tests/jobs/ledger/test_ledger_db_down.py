@@ -19,6 +19,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from jobs.ledger import writer as ledger
 from jobs.models import Job
+from tests.conftest import IDLE_POLL_MS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "db-down"
@@ -52,7 +53,7 @@ def test_no_job_is_acked_while_the_database_cannot_record_its_end(
         (data,) = cursor.fetchone()
     connection.close()
     msgs = f"{broker.namespace}:{QUEUE}.msgs"
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         # postgres' own command line, to start it again the same way

@@ -18,7 +18,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "pg-restart"
@@ -71,7 +71,7 @@ def test_a_job_finished_after_a_postgres_restart_is_recorded_before_its_ack(
     if connection.vendor != "postgresql":
         pytest.skip(reason="PostgreSQL only: bin/test --postgres")
     settings.JOBS_LEDGER_FLUSH_MS = 200  # the shipped batching
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         # Given a worker whose ledger writer has written a job (it holds a connection)
@@ -129,7 +129,7 @@ def test_a_job_after_an_idle_spell_is_recorded_before_its_ack(
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
     connection.close()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         for _ in range(3):  # until the writer holds a new connection (the first batch

@@ -14,7 +14,7 @@ from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.ledger.writer import PHASE_ENQUEUED, TERMINAL, Event, progress_of
 from jobs.models import Job, JobAttempt
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-storage-test"
@@ -44,7 +44,7 @@ def test_it_stores_arguments_and_errors_the_database_cannot_take_as_they_are(
     messages += [hostile, *(fine.send(n) for n in range(3, 6))]
 
     # When a worker runs them all
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)

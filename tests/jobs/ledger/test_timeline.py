@@ -21,7 +21,7 @@ from jobs.ledger.figures import (
     timeline,
 )
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "timeline-test"
@@ -56,7 +56,7 @@ def run_mix(broker: dramatiq.Broker, succeed: int, fail: int, retry: int) -> Non
         outcome.send("fail", f"fail-{i}")
     for i in range(retry):
         outcome.send("retry", f"retry-{i}")
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)

@@ -35,7 +35,7 @@ from jobs.errors import PermanentJobError
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job, OutboxMessage
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parents[3]
@@ -65,7 +65,7 @@ def _broken() -> None:
 
 
 def run_queue(broker: dramatiq.Broker) -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)

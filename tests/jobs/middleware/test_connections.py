@@ -15,7 +15,7 @@ from django.db import connection
 from jobs.ledger import writer as ledger
 from jobs.middleware import connections as connections_module
 from jobs.middleware.connections import DbConnections
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "connections-test"
@@ -47,7 +47,7 @@ def test_a_worker_thread_that_queried_closes_its_connection_after_each_job(
     # the worker thread itself, and open its connection before the job starts)
     settings.JOBS_LEDGER_FLUSH_MS = 200
     seen.clear()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         # When that thread runs two jobs that query the database

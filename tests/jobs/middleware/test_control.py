@@ -13,7 +13,7 @@ from dramatiq.broker import MessageProxy
 from jobs.broker import queues
 from jobs.middleware import control as control_module
 from jobs.middleware.control import Control
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 from tests.jobs.observability.test_metrics import scrape, value
 
 pytestmark = pytest.mark.django_db
@@ -72,7 +72,7 @@ def test_it_counts_a_paused_job_as_enqueued_once_however_often_it_is_rechecked(
 
     queues.pause(QUEUE)
     noop.send()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         deadline = time.monotonic() + 10

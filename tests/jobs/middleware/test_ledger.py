@@ -9,7 +9,7 @@ import pytest
 
 from jobs.ledger import writer as ledger
 from jobs.models import Job
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "ledger-options-test"
@@ -37,7 +37,7 @@ def test_an_actor_may_ask_for_its_return_value_to_be_kept(broker: dramatiq.Broke
 
     # When it runs
     message = answer.send("everything")
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(QUEUE)

@@ -13,6 +13,8 @@ import threading
 import dramatiq
 import pytest
 
+from tests.conftest import IDLE_POLL_MS
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -23,8 +25,8 @@ def relays() -> int:
 def test_each_worker_stops_its_own_relay(broker: dramatiq.Broker) -> None:
     # Given two workers on the project broker, started one after the other
     before = relays()
-    first = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
-    second = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    first = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
+    second = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     first.start()
     second.start()
     running = relays() - before

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from jobs.observability import metrics
 from jobs.observability.deferred import DeferredWrites
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 from tests.jobs.ledger.test_ledger import QUEUE, succeed
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -203,7 +203,7 @@ def test_a_jobs_figures_wait_for_the_flush_and_a_stopping_worker_flushes(
     succeeded = metrics.JOBS.labels("succeed", QUEUE, "succeeded")
     before = succeeded._value.get()
     # When a job runs, its figures wait in the process, not in the metrics file
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         succeed.send(1)

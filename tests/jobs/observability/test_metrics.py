@@ -19,7 +19,7 @@ from django_redis import get_redis_connection
 from jobs.consistency.cache import cached
 from jobs.consistency.locks import redis_lock
 from jobs.ledger import writer as ledger
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 from tests.jobs.ledger.test_ledger import QUEUE, calls, fail_permanently, fail_times, succeed
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,7 +70,7 @@ def test_metrics_count_success_retry_and_failure_with_duration_buckets(
     succeed.send(1)
     fail_times.send("metrics", 1)  # fails once, then succeeds
     fail_permanently.send()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     join(QUEUE)
     worker.stop()
@@ -119,7 +119,7 @@ def test_a_job_refused_by_an_earlier_middleware_never_counts_as_running(
     broker.add_middleware(refuser, before=Metrics)
     try:
         succeed.send(2)
-        worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+        worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
         worker.start()
         join(QUEUE)
         worker.stop()
@@ -284,7 +284,9 @@ def test_two_workers_in_one_process_leave_no_heartbeat_beating(broker: dramatiq.
     # whose thread beat on after both stopped, keeping a dead process "alive".)
     before = _heartbeat_threads()
     # Given two workers started in one process, then stopped
-    workers = [dramatiq.Worker(broker, worker_timeout=50, worker_threads=1) for _ in range(2)]
+    workers = [
+        dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1) for _ in range(2)
+    ]
     for w in workers:
         w.start()
     during = [t for t in _heartbeat_threads() if t not in before]

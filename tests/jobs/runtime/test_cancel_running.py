@@ -24,7 +24,7 @@ from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import EffectRecord, Job
 from jobs.runtime import cancellation
-from tests.conftest import join, wait_until
+from tests.conftest import IDLE_POLL_MS, join, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "cancel-test"
@@ -86,7 +86,7 @@ def quick() -> None:
 def worker(broker: dramatiq.Broker) -> Iterator[dramatiq.Worker]:
     started.clear()
     ticks.clear()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     yield worker
     worker.stop()
@@ -309,7 +309,7 @@ def test_a_job_that_checks_at_its_grace_deadline_never_loses_its_worker_thread(
     settings.JOBS_CANCEL_GRACE_MS = 0
     settings.JOBS_CONTROL_REFRESH_MS = 50
     started.clear()
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         for _ in range(5):

@@ -14,7 +14,7 @@ from jobs.consistency import checkpoints
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from jobs.runtime import progress
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "progress-test"
@@ -73,7 +73,7 @@ def three_steps() -> None:
 
 
 def run_queue(broker: dramatiq.Broker) -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         join(QUEUE)

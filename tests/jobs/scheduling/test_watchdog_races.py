@@ -23,7 +23,7 @@ from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from jobs.scheduling.watchdog import reconcile_stalled_jobs
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "watchdog-races"
@@ -63,7 +63,7 @@ def batches(settings: Any) -> None:
 
 
 def started_worker() -> dramatiq.Worker:
-    worker = dramatiq.Worker(dramatiq.get_broker(), worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(dramatiq.get_broker(), worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     return worker
 

@@ -34,7 +34,7 @@ from jobs.tasks_framework.compat import (
     task_finished,
     task_started,
 )
-from tests.conftest import join, queued_messages
+from tests.conftest import IDLE_POLL_MS, join, queued_messages
 
 pytestmark = pytest.mark.django_db(transaction=True)
 T = TypeVar("T")
@@ -127,7 +127,7 @@ def _reset_calls() -> None:
 
 
 def run_worker(broker: dramatiq.Broker, queue: str = "default") -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=2)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=2)
     worker.start()
     try:
         join(queue)
@@ -510,7 +510,7 @@ def test_a_task_declares_a_concurrency_key_over_its_arguments(broker: dramatiq.B
     spans.clear()
     for _ in range(6):
         one_per_account.enqueue(7)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=4)
     worker.start()
     try:
         join("default")
@@ -529,7 +529,7 @@ def test_a_task_declares_a_fairness_key_over_its_arguments(broker: dramatiq.Brok
     fair_starts.clear()
     for account in [1] * 30 + [2] * 3:
         fair_per_account.enqueue(account)
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1)
     worker.start()
     try:
         join("default")

@@ -16,7 +16,7 @@ import pytest
 from jobs.ledger import writer as ledger
 from jobs.models import Job
 from jobs.tasks_framework.compat import TaskResult, TaskResultStatus, task
-from tests.conftest import join
+from tests.conftest import IDLE_POLL_MS, join
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOSTILE = {"nul": "a\x00b", "lone\ud800": ["\udfff", {"deep": "c\x00"}]}
@@ -34,7 +34,7 @@ def count(*values: Any) -> int:
 
 
 def run_worker(broker: dramatiq.Broker) -> None:
-    worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=4)
+    worker = dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=4)
     worker.start()
     try:
         join("default")
