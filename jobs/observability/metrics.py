@@ -27,6 +27,11 @@ def process_identifier(pid: int | None = None) -> str:
     return f"{_HOST}-{os.getpid() if pid is None else pid}"
 
 
+def host_identifier() -> str:
+    """This host's part of ``process_identifier`` (no "_" in it)."""
+    return _HOST
+
+
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
         process_identifier=process_identifier

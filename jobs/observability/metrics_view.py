@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.registry import REGISTRY
 
 from jobs.conf import jobs_settings
+from jobs.observability import dead_processes
 from jobs.observability.collector import StateCollector, declare_known_series
 from jobs.observability.deferred import writes
 
@@ -46,6 +47,7 @@ def registry() -> CollectorRegistry:
     declare_known_series()
     writes.flush()  # this process's figures current; the others' within a second
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        dead_processes.sweep(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
     else:

@@ -114,3 +114,36 @@ def test_healthz_is_503_while_redis_is_down_and_200_once_it_is_back(
         wait_for(lambda: get(f"{web.url}/healthz")[0] == 200)
     finally:
         redis.stop()
+
+
+def test_a_worker_killed_mid_job_leaves_no_job_in_progress_and_keeps_its_counts(
+    start_worker: Any, client: Any, settings: Any
+) -> None:
+    from tests.examples.tasks import long_job
+
+    settings.JOBS_METRICS_TOKEN = "e2e-token"
+
+    def scrape() -> str:
+        response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer e2e-token")
+        assert response.status_code == 200
+        return str(response.content.decode())
+
+    def figure(name: str, **labels: str) -> float:
+        return value(scrape(), name, actor="long_job", **labels)
+
+    # Given a worker process that finished one job and is in the middle of another
+    worker = start_worker(threads=2, queues=("long",))
+    worker.wait_for_log("Worker process is ready for action.")
+    done_before = figure("jobs_processed_total", outcome="succeeded")
+    long_job.send("phantom-done", 0.01)
+    wait_for(lambda: figure("jobs_processed_total", outcome="succeeded") == done_before + 1)
+    long_job.send("phantom", 300)
+    wait_for(lambda: figure("jobs_in_progress") == 1)
+
+    # When its whole process group is SIGKILLed (no exit hook runs)
+    worker.kill()
+
+    # Then the next scrapes show no job in progress, and the job it finished is
+    # still counted
+    wait_for(lambda: figure("jobs_in_progress") == 0, timeout=5)
+    assert figure("jobs_processed_total", outcome="succeeded") == done_before + 1
