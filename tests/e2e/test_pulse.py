@@ -20,7 +20,11 @@ from tests.e2e.conftest import WorkerProcess
 from tests.e2e.test_crash_safety import wait_until
 from tests.examples.tasks import long_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_row("sqlite", "the pulse and the heartbeats live in Redis"),
+]
 READY = "Worker process is ready for action."
 ENV = {"JOBS_HEARTBEAT_TIMEOUT_MS": "2000"}  # as the busy-worker test in test_crash_safety
 

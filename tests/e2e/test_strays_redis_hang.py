@@ -28,7 +28,11 @@ from tests.e2e.test_crash_safety import wait_until
 from tests.e2e.test_strays_redis_restart import JOBS, hold_delayed_jobs, starts
 from tests.fault_matrix import FaultRow, report
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_row("sqlite", "a broker-side fault (Redis hung)"),
+]
 HANG_S = 25  # more than two socket timeouts: the fetch's, then the hand-back's
 
 

@@ -19,7 +19,14 @@ from tests.conftest import wait_until
 from tests.e2e.conftest import ROOT, screenshot
 from tests.examples.tasks import long_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_row(
+        "sqlite",
+        "the workers page reads the worker registry, in Redis",
+    ),
+]
 DOCS_IMAGE = ROOT / "docs/images/admin-workers.png"
 READY = "Worker process is ready for action."
 

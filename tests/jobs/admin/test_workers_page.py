@@ -179,6 +179,7 @@ def test_a_worker_stopped_cleanly_is_listed_as_stopped_with_its_last_beat(
 
 
 @pytest.mark.e2e
+@pytest.mark.one_row("sqlite", "the registry and heartbeats live in Redis")
 def test_a_killed_worker_is_flagged_stale_then_listed_as_lost_with_its_last_beat_and_job(
     staff: Client,  # noqa: F811
     start_worker: Any,  # noqa: F811

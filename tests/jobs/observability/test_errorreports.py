@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import django
 import pytest
 from django.core import mail
 from django.test import Client
@@ -17,7 +18,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.jobs.observability.
 def production(settings) -> ThrottledAdminEmailHandler:
     """DEBUG off, an admin to mail, credentials in URL settings as production has them."""
     settings.DEBUG = False
-    settings.ADMINS = [("Ops", "ops@example.com")]
+    # Plain addresses from Django 6.0 on (pairs warn there), pairs before.
+    settings.ADMINS = (
+        ["ops@example.com"] if django.VERSION >= (6, 0) else [("Ops", "ops@example.com")]
+    )
     settings.REDIS_URL = "redis://:redis-secret@10.0.0.5:6379/0"
     settings.DATABASE_URL = "postgres://app:db-secret@10.0.0.6/app"
     [handler] = [
