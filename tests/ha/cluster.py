@@ -9,6 +9,7 @@ or close to them (docs/howto/several-hosts.md).
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import time
@@ -174,6 +175,25 @@ class SentinelCluster:
         victim = self.primary if port == self.primary.port else self.replica
         victim.kill()
         return victim
+
+    def stall_primary(self) -> tuple[Process, float]:
+        """SIGSTOP the current primary until every Sentinel names the replica,
+        then SIGCONT it (a stalled host, a VM paused): it comes back believing
+        it is the primary until Sentinel makes it a replica of the new one.
+        Returns it and how long it was stopped."""
+        port = self.master_port()
+        victim, other = (
+            (self.primary, self.replica)
+            if port == self.primary.port
+            else (self.replica, self.primary)
+        )
+        victim.process.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        try:
+            self.wait_until_sentinels_agree(other.port, timeout=30)
+        finally:
+            victim.process.send_signal(signal.SIGCONT)
+        return victim, time.monotonic() - started
 
     def stop(self) -> None:
         for process in [*self.sentinels, self.replica, self.primary]:

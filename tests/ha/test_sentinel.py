@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connection
 from dramatiq import Message
 
 from jobs.ledger import states
 from jobs.models import Job
 from tests.e2e.conftest import ROOT
 from tests.e2e.test_crash_safety import READY, signup
+from tests.fault_matrix import FaultRow, report
 from tests.ha.cluster import SentinelCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -169,13 +171,24 @@ KILL_AFTER_S = 6
 SIGNUPS_PER_S = 8
 
 
+FAULTS = {
+    "kill": "the Redis primary SIGKILLed (Sentinel failover)",
+    "stall": "the Redis primary stalled (SIGSTOP) until failed over, then back",
+}
+
+
 @pytest.mark.timeout(240)
-def test_it_loses_no_welcome_email_when_the_primary_is_killed_under_signup_load(
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_it_loses_no_welcome_email_when_the_primary_fails_under_signup_load(
     sentinel_cluster: SentinelCluster,
     start_web: Any,
     start_worker: Any,
     worker_env: dict[str, str],
+    fault: str,
 ) -> None:
+    if fault == "stall" and connection.vendor != "postgresql":
+        # A broker-side fault, as the kill is: one row is enough for the new one.
+        pytest.skip(reason="runs in the PostgreSQL row only: a broker-side fault")
     mail_dir = Path(worker_env["EMAIL_FILE_PATH"])
     # The mail provider budget (10/s shipped) would delay emails on its own and
     # blur the recovery time this test measures.
@@ -205,10 +218,14 @@ def test_it_loses_no_welcome_email_when_the_primary_is_killed_under_signup_load(
         thread.start()
         time.sleep(1 / SIGNUPS_PER_S)  # spread evenly, not in bursts of four
     time.sleep(KILL_AFTER_S)
-    sentinel_cluster.kill_primary()
-    # Taken once the primary is dead (kill_primary waits for it): a signup
-    # sent just before could still go through it and be mailed at once, which
-    # would read as jobs flowing again 0 s after the kill.
+    stalled_s = 0.0
+    if fault == "kill":
+        sentinel_cluster.kill_primary()
+    else:
+        old_primary, stalled_s = sentinel_cluster.stall_primary()
+    # Taken once the primary is dead (kill_primary waits for it) or failed over:
+    # a signup sent just before could still go through it and be mailed at
+    # once, which would read as jobs flowing again 0 s after the kill.
     killed_at = time.time()
     for thread in threads:
         thread.join()
@@ -233,14 +250,30 @@ def test_it_loses_no_welcome_email_when_the_primary_is_killed_under_signup_load(
     rows = Job.objects.filter(actor_name="send_welcome_email")
     wrong = rows.exclude(state=states.SUCCEEDED).count()
     refused = Counter(s for s in statuses.values() if s != 201)
+    report(
+        FaultRow(
+            FAULTS[fault],
+            len(accepted),
+            len(lost),
+            duplicated,
+            wrong + len(accepted) - rows.count(),
+            flow_again,
+            f"stopped {stalled_s:.1f} s" if stalled_s else "",
+        ),
+        connection.vendor,
+    )
     print(
-        f"\nprimary SIGKILLed under {SIGNUPS_PER_S} signups/s: {len(statuses)} signups, "
+        f"\nprimary {fault} under {SIGNUPS_PER_S} signups/s: {len(statuses)} signups, "
         f"{len(accepted)} accepted (201), others {refused}, "
         f"slowest answer {max(latencies):.2f} s; emails lost {len(lost)}, duplicated "
-        f"{duplicated}; jobs flowed again {flow_again:.1f} s after the kill; "
+        f"{duplicated}; jobs flowed again {flow_again:.1f} s after the {fault}; "
         f"ledger rows {rows.count()}, not succeeded {wrong}"
     )
     assert sentinel_cluster.master_port() == sentinel_cluster.replica.port
+    if fault == "stall":
+        # The old primary is back, as a replica of the new one
+        role = sentinel_cluster.client(old_primary.port).execute_command("ROLE")[0]
+        assert role in (b"slave", "slave"), role
     assert len(accepted) == len(statuses), "a signup failed during the failover"
     assert not lost, sorted(lost)[:5]
     assert duplicated == 0
