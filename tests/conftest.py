@@ -111,8 +111,18 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     depend on the suite's database (it brings its own, or touches only Redis
     and processes) runs in that row only; the other row says why it skips."""
     marker = item.get_closest_marker("one_row")
-    if marker is not None and connection.vendor != marker.args[0]:
-        pytest.skip(reason=f"runs in the {marker.args[0]} row only: {marker.args[1]}")
+    if marker is None:
+        return
+    vendor, why = _one_row_args(*marker.args, **marker.kwargs)
+    if connection.vendor != vendor:
+        pytest.skip(reason=f"runs in the {vendor} row only: {why}")
+
+
+def _one_row_args(vendor: str, why: str) -> tuple[str, str]:
+    # A misspelt vendor would skip the test in both rows.
+    if vendor not in ("sqlite", "postgresql"):
+        raise pytest.UsageError(f"one_row: vendor must be 'sqlite' or 'postgresql', not {vendor!r}")
+    return vendor, why
 
 
 @pytest.fixture

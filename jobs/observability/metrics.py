@@ -10,6 +10,7 @@ at scrape time by ``jobs.observability.collector.StateCollector``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -32,10 +33,27 @@ def host_identifier() -> str:
     return _HOST
 
 
+def forget_previous_process() -> None:
+    """Remove the live gauge files a dead process of this host and pid left (a
+    restarted container reuses both): prometheus_client would read their values
+    as this process's own, and a job the dead one ran would show in progress
+    for good. Nothing of this process is in them yet (called before it writes)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        from prometheus_client import multiprocess
+
+        with contextlib.suppress(OSError):
+            multiprocess.mark_process_dead(process_identifier(), directory)  # type: ignore[no-untyped-call]
+
+
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     values.ValueClass = values.MultiProcessValue(  # type: ignore[no-untyped-call]
         process_identifier=process_identifier
     )
+    forget_previous_process()
+    # A forked child (a Dramatiq worker process, a gunicorn worker) gets a pid
+    # of its own, whose files a dead process may have left too.
+    os.register_at_fork(after_in_child=forget_previous_process)
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

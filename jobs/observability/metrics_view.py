@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import os
 
 from django.conf import settings
@@ -22,6 +23,8 @@ from jobs.conf import jobs_settings
 from jobs.observability import dead_processes
 from jobs.observability.collector import StateCollector, declare_known_series
 from jobs.observability.deferred import writes
+
+logger = logging.getLogger(__name__)
 
 
 def _allowed(request: HttpRequest) -> bool:
@@ -47,7 +50,11 @@ def registry() -> CollectorRegistry:
     declare_known_series()
     writes.flush()  # this process's figures current; the others' within a second
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        dead_processes.sweep(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        try:
+            dead_processes.sweep(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        except Exception:
+            # A scrape answers whatever the tidying found (an odd file, a full disk).
+            logger.exception("Metrics: removing dead processes' live gauges failed")
         combined = CollectorRegistry()
         multiprocess.MultiProcessCollector(combined)  # type: ignore[no-untyped-call]
     else:

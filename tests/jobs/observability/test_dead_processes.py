@@ -68,19 +68,26 @@ def test_it_deletes_the_live_files_of_a_dead_process_on_this_host_and_keeps_the_
 def test_on_another_host_it_deletes_only_what_the_registry_lists_as_lost(
     tmp_path: Path,
 ) -> None:
-    # Given three processes of another host sharing the directory: one the
-    # registry lists as lost, one whose pid a live process of that host reuses
-    # (a restarted container), one the registry never saw (a web process)
+    # Given processes of another host sharing the directory: one lost 20 min
+    # ago; one whose pid a live process of that host reuses (a restarted
+    # container); one the registry never saw (a web process); one silent only
+    # 2 min (paused, or cut off from Redis: it may come back); one lost 20 min
+    # ago whose files changed since (a newer process, not registered yet)
     client = redis_broker().client
     now_ms = int(time.time() * 1000)
+    long_ago, lately = now_ms - 1_200_000, now_ms - 120_000
     pipe = client.pipeline()
-    registry.beat_for(pipe, "box_b", 7, "old-broker", now_ms - 60_000)
-    registry.beat_for(pipe, "box_b", 8, "lost-broker", now_ms - 60_000)
+    registry.beat_for(pipe, "box_b", 7, "old-broker", long_ago)
+    registry.beat_for(pipe, "box_b", 8, "lost-broker", long_ago)
     registry.beat_for(pipe, "box_b", 7, "new-broker", now_ms)
+    registry.beat_for(pipe, "box_b", 10, "quiet-broker", lately)
+    registry.beat_for(pipe, "box_b", 11, "replaced-broker", long_ago)
     pipe.execute()
     client.set(f"{PRESENCE}box_b:7", "new-broker")
-    for pid in (7, 8, 9):
-        files_of(tmp_path, f"box-b-{pid}")
+    for pid in (7, 8, 9, 10, 11):
+        for name in files_of(tmp_path, f"box-b-{pid}"):
+            if pid != 11:  # written last before the last beat
+                os.utime(tmp_path / name, (long_ago / 1000 - 60, long_ago / 1000 - 60))
 
     # When a scrape sweeps
     gone = dead_processes.sweep(str(tmp_path))
@@ -88,10 +95,31 @@ def test_on_another_host_it_deletes_only_what_the_registry_lists_as_lost(
     # Then only the lost one's live files went
     assert gone == ["box-b-8"]
     left = {p.name for p in tmp_path.iterdir()}
-    assert "gauge_livesum_box-b-7.db" in left
-    assert "gauge_livesum_box-b-9.db" in left
+    for pid in (7, 9, 10, 11):
+        assert f"gauge_livesum_box-b-{pid}.db" in left
     assert "gauge_livesum_box-b-8.db" not in left
     assert "counter_box-b-8.db" in left
+
+
+def test_a_file_it_cannot_read_as_a_process_is_left_alone(tmp_path: Path) -> None:
+    here = metrics.host_identifier()
+    odd = [f"gauge_livesum_{here}-99999999999.db", f"gauge_livesum_{here}-\u0663.db"]
+    for name in odd:
+        (tmp_path / name).write_bytes(b"")
+    assert dead_processes.sweep(str(tmp_path)) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(odd)
+
+
+def test_a_process_drops_the_live_files_a_dead_one_of_its_pid_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restarted container: same host name, same pid, the old process's files
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    files_of(tmp_path, metrics.process_identifier())
+    metrics.forget_previous_process()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not [name for name in left if name.startswith("gauge_live")]
+    assert len(left) == 3  # counters, histograms, "all" gauges stay
 
 
 def test_with_redis_away_it_sweeps_this_host_and_the_scrape_goes_on(tmp_path: Path) -> None:
