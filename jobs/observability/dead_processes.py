@@ -80,7 +80,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _lost_elsewhere(directory: str, owners: set[tuple[str, int]]) -> set[tuple[str, int]]:
+def _lost_elsewhere(
+    directory: str, names: list[str], owners: set[tuple[str, int]]
+) -> set[tuple[str, int]]:
     """Those of ``owners`` (other hosts) the worker registry says were lost:
     silent for ``LOST_AFTER_S``, no live record of the same host and pid, and
     no live file of theirs written since (a newer process of that host and pid,
@@ -100,14 +102,14 @@ def _lost_elsewhere(directory: str, owners: set[tuple[str, int]]) -> set[tuple[s
             lost[owner] = max(lost.get(owner, 0), record.last_beat_ms)
     gone = set()
     for owner, last_beat_ms in lost.items():
-        if owner not in live and _files_older_than(directory, owner, last_beat_ms):
+        if owner not in live and _files_older_than(directory, names, owner, last_beat_ms):
             gone.add(owner)
     return gone
 
 
-def _files_older_than(directory: str, owner: tuple[str, int], ms: float) -> bool:
+def _files_older_than(directory: str, names: list[str], owner: tuple[str, int], ms: float) -> bool:
     """Whether every live file of ``owner`` was last changed before ``ms``."""
-    for name in os.listdir(directory):
+    for name in names:  # listed once per sweep
         if _owner(name) == owner:
             try:
                 stat = os.stat(os.path.join(directory, name))
@@ -123,9 +125,10 @@ def sweep(directory: str) -> list[str]:
     the process identifiers whose files went."""
     global _other_hosts_checked
     here = metrics.host_identifier()
-    owners: set[tuple[str, int]] = set()
+    names: list[str] = []
     with contextlib.suppress(OSError):
-        owners = {owner for name in os.listdir(directory) if (owner := _owner(name))}
+        names = os.listdir(directory)
+    owners = {owner for name in names if (owner := _owner(name))}
     dead = {(host, pid) for host, pid in owners if host == here and not _alive(pid)}
     elsewhere = {owner for owner in owners if owner[0] != here}
     now = time.monotonic()
@@ -136,7 +139,7 @@ def sweep(directory: str) -> list[str]:
         with _lock:
             _other_hosts_checked = now
         try:
-            dead |= _lost_elsewhere(directory, elsewhere)
+            dead |= _lost_elsewhere(directory, names, elsewhere)
         except redis.RedisError as exc:
             # The scrape goes on; the next one after the interval asks again.
             if isinstance(exc, UNREACHABLE):
