@@ -44,6 +44,7 @@ def proxied_broker(
     """The broker's client, through the proxy, with a web request's timeouts (the
     test process may have booted in-process workers, which raise them)."""
     broker = redis_broker()
+    real_client, real_packed = broker.client, broker._packed
     db = broker.client.connection_pool.connection_kwargs.get("db", 0)
     client = redis.Redis.from_url(
         proxy.url(db), socket_timeout=REQUEST.read, socket_connect_timeout=REQUEST.connect
@@ -57,6 +58,13 @@ def proxied_broker(
     yield client
     reachability.reset()
     client.close()
+    # Back to the real client now, not when monkeypatch undoes (pytest-django's
+    # autouse fixtures set monkeypatch up first, so it undoes last): the
+    # suite's Redis flush after each test would otherwise go through the proxy,
+    # closed by then, and fail with "connection refused" whenever its listening
+    # socket was already gone.
+    monkeypatch.setattr(broker, "client", real_client)
+    monkeypatch.setattr(broker, "_packed", real_packed)
 
 
 # A restarted Redis (or a promoted replica) has an empty script cache: an
