@@ -238,6 +238,7 @@ def ledger_not_succeeded(ids: list[str]) -> int:
     return len(ids) - Job.objects.filter(message_id__in=ids, state="succeeded").count()
 
 
+@pytest.mark.one_row("sqlite", "slots live in Redis; the kill soak runs in the other row")
 def test_no_key_runs_past_its_limit_and_each_reaches_it(
     start_worker: Callable[..., WorkerProcess], actors: dict[str, Any]
 ) -> None:
@@ -299,6 +300,7 @@ def idle_keys_probed(actors: dict[str, Any], keys: list[str]) -> tuple[int, list
     return parks, waits
 
 
+@pytest.mark.one_row("postgresql", "slots live in Redis; one soak is enough")
 def test_kill_9_soak_keeps_every_limit_loses_nothing_and_leaks_no_slot(
     start_worker: Callable[..., WorkerProcess], actors: dict[str, Any]
 ) -> None:

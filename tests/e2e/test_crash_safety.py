@@ -68,12 +68,28 @@ def unacked(broker_id: str) -> int:
 @pytest.mark.parametrize(
     ("busy_command", "gil"),
     [
-        pytest.param(("manage.py", "rundramatiq"), False, id="ours-sleeping"),
-        pytest.param(("manage.py", "rundramatiq"), True, id="ours-holding-the-gil"),
+        # Each variant in one row: the heartbeats and redelivery live in Redis.
+        pytest.param(
+            ("manage.py", "rundramatiq"),
+            False,
+            id="ours-sleeping",
+            marks=pytest.mark.one_row("postgresql", "a heartbeat test, Redis-side"),
+        ),
+        pytest.param(
+            ("manage.py", "rundramatiq"),
+            True,
+            id="ours-holding-the-gil",
+            marks=pytest.mark.one_row("sqlite", "a heartbeat test, Redis-side"),
+        ),
         # The hazard this test guards against, shown real: Dramatiq's own worker
         # keeps beating while its threads sleep (its idle delay-queue consumer
         # polls), but not while a job holds the GIL.
-        pytest.param(STOCK_DRAMATIQ, True, id="stock-holding-the-gil"),
+        pytest.param(
+            STOCK_DRAMATIQ,
+            True,
+            id="stock-holding-the-gil",
+            marks=pytest.mark.one_row("postgresql", "a heartbeat test, Redis-side"),
+        ),
     ],
 )
 def test_it_runs_a_job_longer_than_the_heartbeat_timeout_once_on_a_busy_worker(
@@ -120,6 +136,7 @@ def test_it_runs_a_job_longer_than_the_heartbeat_timeout_once_on_a_busy_worker(
         assert starts == [1, 1], seen
 
 
+@pytest.mark.one_row("postgresql", "redelivery after a kill is the broker's, in Redis")
 def test_it_redelivers_a_killed_workers_job_within_the_heartbeat_timeout_without_the_scheduler(
     start_worker: Any,
 ) -> None:
@@ -207,7 +224,18 @@ def redelivery_time(ids: list[str], killed_at: float, results: list[float]) -> N
 
 @pytest.mark.soak
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("scheduler", [False, True], ids=["workers-only", "with-scheduler"])
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        # A minute each: one soak per database, the two variants split between them.
+        pytest.param(
+            False, id="workers-only", marks=pytest.mark.one_row("sqlite", "one soak per row")
+        ),
+        pytest.param(
+            True, id="with-scheduler", marks=pytest.mark.one_row("postgresql", "one soak per row")
+        ),
+    ],
+)
 def test_kill_9_soak_loses_no_email_and_duplicates_only_sends_a_kill_cut(
     scheduler: bool,
     start_web: Any,

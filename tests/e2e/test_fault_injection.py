@@ -114,6 +114,7 @@ def signup(base: str, n: int) -> int:
         return int(response.status)
 
 
+@pytest.mark.one_row("postgresql", "a broker-side fault (Redis stopped)")
 def test_signups_during_a_redis_outage_are_all_mailed_once_it_is_back(
     start_web: Any, start_worker: Any, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -166,6 +167,7 @@ def test_signups_during_a_redis_outage_are_all_mailed_once_it_is_back(
         redis.stop()
 
 
+@pytest.mark.one_row("postgresql", "a broker-side fault (Redis restarted)")
 def test_waiting_jobs_survive_a_redis_restart_with_aof(start_worker: Any, tmp_path: Path) -> None:
     redis = RedisServer(free_port(), tmp_path / "redis").start()
     try:

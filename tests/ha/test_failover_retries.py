@@ -69,6 +69,7 @@ def ran_again(replica: Any, key: str, message: dramatiq.Message[Any], worker: An
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.one_row("sqlite", "a broker-side fault (failover)")
 def test_it_retries_a_job_that_failed_while_redis_failed_over(
     sentinel_cluster: SentinelCluster, start_worker: Any, tmp_path: Path
 ) -> None:
@@ -101,6 +102,7 @@ def test_it_retries_a_job_that_failed_while_redis_failed_over(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.one_row("postgresql", "a broker-side fault (failover)")
 def test_a_retry_the_dying_primary_took_is_not_lost(
     sentinel_cluster: SentinelCluster, start_worker: Any, tmp_path: Path
 ) -> None:

@@ -71,6 +71,7 @@ def test_it_reaches_the_primary_through_sentinel_for_cache_locks_ticks_and_broke
     assert any(k.startswith("jobs:tick:probe:") for k in broker_keys), broker_keys
 
 
+@pytest.mark.one_row("postgresql", "a broker-side fault (failover)")
 def test_it_follows_a_failover_with_the_same_clients_within_seconds(
     sentinel_cluster: SentinelCluster, worker_env: dict[str, str]
 ) -> None:
@@ -181,8 +182,8 @@ FAULTS = {
 @pytest.mark.parametrize(
     "fault",
     [
-        "kill",
-        # A broker-side fault, as the kill is: one row is enough for the new one.
+        # Broker-side faults: one row each.
+        pytest.param("kill", marks=pytest.mark.one_row("sqlite", "a broker-side fault")),
         pytest.param("stall", marks=pytest.mark.one_row("postgresql", "a broker-side fault")),
     ],
 )

@@ -45,6 +45,7 @@ def count_with_processes(env: dict[str, str], *, locked: bool) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.one_row("postgresql", "the lock is Redis's; 20 s of processes, once")
 def test_it_serialises_8_processes_x_200_increments_and_loses_updates_without_it(
     subprocess_env: dict[str, str],
 ) -> None:
