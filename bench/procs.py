@@ -146,8 +146,10 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
             process.wait()
 
 
-def bench_message(*args: Any) -> dramatiq.Message[Any]:
-    return dramatiq.Message(queue_name="bench", actor_name="noop", args=args, kwargs={}, options={})
+def bench_message(*args: Any, options: dict[str, Any] | None = None) -> dramatiq.Message[Any]:
+    return dramatiq.Message(
+        queue_name="bench", actor_name="noop", args=args, kwargs={}, options=dict(options or {})
+    )
 
 
 def enqueue_pipelined(

@@ -37,6 +37,7 @@ from bench import cpu, floor, procs
 from bench.registry import Context, Row, Variants, measured, scenario
 from jobs.broker import redis_broker
 from jobs.broker.wakeup import WakeupRedisBroker
+from jobs.concurrency import slots
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Stack:
     stats: list[dict[str, Any]] = field(default_factory=list, compare=False)
     # Per worker process count, each drain's CPU per job by process kind (bench.cpu).
     cpu: dict[int, list[dict[str, float]]] = field(default_factory=dict, compare=False)
+    # Options of each message the drain enqueues (procs.enqueue_pipelined
+    # bypasses the broker's enqueue, which would write some of them itself).
+    message_options: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 LEDGER_DONE = "select count(*) from jobs_job where state = 'succeeded'"
@@ -117,7 +121,9 @@ def _drain_rate(
             BENCH_STATS_DIR=str(stats_dir),
             **stack.env,
         )
-        procs.enqueue_pipelined(broker, (procs.bench_message() for _ in range(n)))
+        procs.enqueue_pipelined(
+            broker, (procs.bench_message(options=stack.message_options) for _ in range(n))
+        )
         msgs_key = f"{broker.namespace}:bench.msgs"
         first = end = None
         log = context.workdir / "w.log"
@@ -528,7 +534,15 @@ def concurrency_key(context: Context) -> list[Row]:
     n = 1_000 if context.quick else 20_000
     databases = _sqlite_copies(context)
     plain = _fresh(STACKS["ours"])
-    keyed = Stack("keyed", {**STACKS["ours"].env, "BENCH_CONCURRENCY_KEY": "1"}, LEDGER_DONE)
+    keyed = Stack(
+        "keyed",
+        {**STACKS["ours"].env, "BENCH_CONCURRENCY_KEY": "1"},
+        LEDGER_DONE,
+        # The key a sender writes into each message (WakeupRedisBroker.enqueue),
+        # for the fetch to take its slot: bench.worker_app's template with
+        # noop's default argument.
+        message_options={slots.SEND_OPTION: "bench:0.0"},
+    )
     rows: list[Row] = []
     for processes in (1,) if context.quick else (1, 2):
         rates: dict[str, list[float]] = {"plain": [], "keyed": []}

@@ -158,6 +158,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         # Slots taken for jobs still in the fetch cache (``_slot_taken``).
         self.slot_outcomes: dict[str, tuple[int, float | None]] = {}
         self.slot_keys: dict[str, str] = {}
+        self.parked_by_fetch = 0  # jobs the last fetch parked (``note_fetched_slots``)
 
     def __next__(self) -> dramatiq.MessageProxy | None:
         if not self._strays_handed_back:
@@ -226,8 +227,27 @@ class LedgerOrderedConsumer(_RedisConsumer):
             return True
         self.queued_message_ids.discard(message.message_id)
         if taken == slots.PARKED_NOW:
+            if key is not None:
+                slots.note_waited(key)
             metrics.PARKED.labels(message.actor_name, self.queue_name).inc()
         return False
+
+    def note_fetched_slots(self, info: list[Any]) -> None:
+        """What a fetch that took slots itself decided (``slots.FETCH_PREFIX``):
+        per job its message id, outcome, wait (ms, -1), key and actor. The taken
+        ones pass ``_slot_taken`` without a round trip; the parked ones never
+        reach this worker."""
+        self.parked_by_fetch = 0
+        for i in range(0, len(info), 5):
+            message_id, outcome = _text(info[i]), int(info[i + 1])
+            if outcome == slots.TAKEN:
+                waited = int(info[i + 2])
+                self.slot_outcomes[message_id] = (outcome, None if waited < 0 else waited / 1000)
+                self.slot_keys[message_id] = _text(info[i + 3])
+            else:
+                self.parked_by_fetch += 1
+                slots.note_waited(_text(info[i + 3]))
+                metrics.PARKED.labels(_text(info[i + 4]), self.queue_name).inc()
 
     def _acquire_batch(
         self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
@@ -278,6 +298,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             else:
                 parked.add(id(data))
                 if outcome[0] == slots.PARKED_NOW:
+                    slots.note_waited(job.key)
                     metrics.PARKED.labels(job.actor_name, self.queue_name).inc()
         if parked:
             self.message_cache = [data for data in self.message_cache if id(data) not in parked]
@@ -525,3 +546,8 @@ class HeldAcks:
                     _ACK_MANY.sha, 1, self.namespace, now, self.broker_id, queue_name, *ids
                 )
         pipe.execute()
+
+
+def _text(value: str | bytes) -> str:
+    # (The fetch hands out only ASCII keys; a reply is never a reason to raise.)
+    return value.decode(errors="replace") if isinstance(value, bytes) else value

@@ -28,6 +28,9 @@ from jobs.errors import DEFERRALS
 
 # Put back by a worker that did not know the actor (jobs.broker.unknown_actors).
 UNKNOWN_ACTOR_REQUEUES = "unknown_actor_requeues"
+# The key of a job whose actor declares a concurrency key, written by the
+# sender for the fetch (jobs.concurrency.slots): the broker's, not the job's.
+CONCURRENCY_KEY = "jobs_concurrency_key"
 # Options set by the broker, Retries, the rate limiter and the pause control,
 # never by a producer. Retries bounds the traceback (jobs.middleware.retries).
 DELIVERY_OPTIONS = frozenset(
@@ -40,6 +43,7 @@ DELIVERY_OPTIONS = frozenset(
         DEFERRALS,
         "pause_requeues",
         UNKNOWN_ACTOR_REQUEUES,
+        CONCURRENCY_KEY,
     }
 )
 

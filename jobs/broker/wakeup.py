@@ -42,7 +42,8 @@ from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
 from jobs.broker.hooks import QuietHooks
 from jobs.broker.packed import NotSent, PackedEnqueue
 from jobs.broker.sentinel import master_client
-from jobs.concurrency import fairness
+from jobs.concurrency import fairness, slots
+from jobs.concurrency import keys as concurrency_keys
 
 logger = logging.getLogger(__name__)
 
@@ -152,13 +153,22 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         # clock, with no verdict on workers right after an outage.
         # Fair queues (jobs.concurrency.fairness): tickets turned into message
         # ids before a fetch, key lists enqueued to and purged.
+        # Slots of keyed jobs taken in the fetch (jobs.concurrency.slots).
+        dispatch_lua = self.scripts["dispatch"].script
+        dispatch_lua = dispatch_lua if isinstance(dispatch_lua, str) else dispatch_lua.decode()
         self.scripts["dispatch"] = self.client.register_script(
-            (clock.DISPATCH_PREFIX + fairness.FETCH_PREFIX).encode()
-            + self.scripts["dispatch"].script
+            slots.wrap_dispatch(
+                clock.DISPATCH_PREFIX + fairness.FETCH_PREFIX + slots.FETCH_PREFIX + dispatch_lua
+            )
         )
         self._enqueue_script = self.client.register_script(
-            (_ONCE_PER_MARKER + _INTAKE_ON_ENQUEUE + wake + fairness.ENQUEUE_PREFIX).encode()
-            + self.scripts["dispatch"].script
+            _ONCE_PER_MARKER
+            + _INTAKE_ON_ENQUEUE
+            + wake
+            + fairness.ENQUEUE_PREFIX
+            + clock.DISPATCH_PREFIX
+            + fairness.FETCH_PREFIX
+            + dispatch_lua
         )
         # Built at the first send: it asks Redis for the Lua stack size, and
         # nothing may talk to Redis while Django starts.
@@ -177,7 +187,11 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         ``before_enqueue`` hook has run, so the check sees the final message."""
         queue_name = message.queue_name
         # Unique per enqueue: a retry is the same message id enqueued again.
-        message = message.copy(options={"redis_message_id": str(uuid4())})
+        options = {"redis_message_id": str(uuid4())}
+        concurrency_key = concurrency_keys.send_key(message)
+        if concurrency_key is not None:  # for the fetch to take its slot (jobs.concurrency.slots)
+            options[slots.SEND_OPTION] = concurrency_key
+        message = message.copy(options=options)
         if delay is not None:
             queue_name = dq_name(queue_name)
             # Due on Redis's clock, which every host shares: the worker that
@@ -338,9 +352,16 @@ class _WakeupConsumer(LedgerOrderedConsumer):
     def _fill(self) -> bool:
         try:
             room = self.prefetch - self.outstanding_message_count
-            self.message_cache = self.broker.do_fetch(self.queue_name, room)
+            slot_args = concurrency_keys.fetch_args(self.queue_name)
+            reply = self.broker.do_fetch(self.queue_name, room, *slot_args)
+            if slot_args:
+                # The slots the fetch took (or the jobs it parked) ride on its reply.
+                self.note_fetched_slots(reply.pop())
+            self.message_cache = reply
             if self.message_cache:
                 return True
+            if slot_args and self.parked_by_fetch:
+                return False  # not idle: the jobs it took were parked; fetch again
             # Same bound as the stock sleep, so an idle consumer sends Redis the
             # same few commands a second (heartbeats and maintenance ride on them).
             self.misses, backoff_ms = compute_backoff(self.misses, max_backoff=self.timeout)

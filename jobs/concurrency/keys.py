@@ -71,6 +71,7 @@ class KeyTemplate:
 @dataclass(frozen=True)
 class Declaration(KeyTemplate):
     limit: int
+    queue_name: str = ""
 
 
 def shortened(key: str) -> str:
@@ -105,7 +106,9 @@ def declare(actor: dramatiq.Actor[Any, Any]) -> Declaration | None:
             f"or more, not {limit!r}"
         )
     signature = checked_template(actor, KEY_OPTION, template)
-    return Declaration(template=template, limit=limit, signature=signature)
+    return Declaration(
+        template=template, limit=limit, signature=signature, queue_name=actor.queue_name
+    )
 
 
 def checked_template(
@@ -181,8 +184,60 @@ def key_of(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> tuple[str,
     declaration = _declared.get(message.actor_name)
     if declaration is None:
         return None
-    key = declaration.key(tuple(message.args), dict(message.kwargs))
+    key = _sent_key(message) or declaration.key(tuple(message.args), dict(message.kwargs))
     return key, limits.effective(declaration.template, key, declaration.limit)
+
+
+def send_key(message: dramatiq.Message[Any]) -> str | None:
+    """The key a sender writes into ``message`` (``slots.SEND_OPTION``), so that
+    the fetch takes its slot; None for an actor without a key. Built from the
+    arguments as a worker decodes them: ``Tier.GOLD``, a ``(str, Enum)``,
+    formats as "Tier.GOLD" here and arrives as "gold", and a retry, an outbox
+    send or a delayed job's move is sent from what arrived."""
+    declaration = _declared.get(message.actor_name)
+    if declaration is None:
+        return None
+    args, kwargs = tuple(message.args), dict(message.kwargs)
+    if not all(type(value) in _PLAIN for value in (*args, *kwargs.values())):
+        encoder = dramatiq.get_encoder()
+        decoded = encoder.decode(encoder.encode({"args": args, "kwargs": kwargs}))
+        args, kwargs = tuple(decoded["args"]), dict(decoded["kwargs"])
+    return declaration.key(args, kwargs)
+
+
+# Argument types that arrive as they were sent (no encoder round trip needed).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _sent_key(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> str | None:
+    # The sender's key, which the fetch took the slot under: a worker whose
+    # template differs (a deploy under way) still frees the same slot.
+    key = message.options.get(slots.SEND_OPTION)
+    if not isinstance(key, str) or not key:
+        return None
+    try:
+        key.encode()  # (a lone surrogate: not a key our senders write)
+    except UnicodeEncodeError:
+        return None
+    return key
+
+
+def fetch_args(queue_name: str) -> list[str | int]:
+    """What a fetch of ``queue_name`` passes to take its jobs' slots itself
+    (``slots.FETCH_PREFIX``): "slots", then each keyed actor of the queue, its
+    limit now and its template. Empty (the consumer asks after the fetch) for a
+    queue without keyed actors, and while a key pattern's limit is overridden
+    (patterns are matched in Python)."""
+    queued = [(name, d) for name, d in _declared.items() if d.queue_name == queue_name]
+    if not queued:
+        return []
+    overrides = limits.template_overrides()
+    if overrides is None:
+        return []
+    args: list[str | int] = ["slots"]
+    for name, declaration in queued:
+        args += [name, overrides.get(declaration.template, declaration.limit), declaration.template]
+    return args
 
 
 # Attribute of a MessageProxy: the key its slot was taken under (remember_key).
@@ -202,6 +257,8 @@ def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.H
     if declaration is None:
         return None
     key = getattr(message, _KEY_ATTRIBUTE, None)
+    if key is None:
+        key = _sent_key(message)
     if key is None:
         key = declaration.key(tuple(message.args), dict(message.kwargs))
     limit = limits.effective(declaration.template, key, declaration.limit)

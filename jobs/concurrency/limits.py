@@ -90,6 +90,13 @@ def effective(template: str, key: str, declared: int) -> int:
     return snapshot.templates.get(template, declared)
 
 
+def template_overrides() -> dict[str, int] | None:
+    """Template -> overridden limit; None while any key pattern is overridden
+    (a pattern's limit depends on each key)."""
+    snapshot = _current()
+    return None if snapshot.patterns else snapshot.templates
+
+
 def forget() -> None:
     """Read the overrides again at the next job (after a change in this process)."""
     global _snapshot

@@ -17,10 +17,14 @@ Per key, in the broker's namespace:
   ``__parked_since__.<queue>``: its parked jobs by when they were parked, for the
   age of the queue's oldest waiting job.
 
-A consumer takes a slot before it hands a job on (``acquire``). When the key is
-full the same script moves the job from the worker's ack set onto the key's
-parked list: no worker thread holds it, no attempt is spent, and a worker
-killed afterwards has nothing of it to redeliver. A job that ends frees its slot
+A worker's fetch takes each keyed job's slot as it takes the job
+(``FETCH_PREFIX``: the sender wrote the job's key into the message, under
+``SEND_OPTION``). When the key is full the fetch parks the job on the key's
+list instead of handing it out: no worker thread holds it, no attempt is
+spent, and a worker killed afterwards has nothing of it to redeliver. A job
+whose message carries no key (an older sender) gets its slot from the
+consumer's ``acquire`` after the fetch, by the same rules (``_TAKE``), and
+leaves the worker's ack set when parked. A job that ends frees its slot
 (``release``) and the script hands it at once to the oldest parked job: it is
 put at the head of its queue, with a wake-up token, and its slot is reserved.
 A slot whose holder died is freed by the same verdict that redelivers the
@@ -30,10 +34,12 @@ contact period), never while the holder's heartbeat goes on, however slow its jo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.broker.limits import CONCURRENCY_KEY
 from jobs.broker.scripts import LuaScript
 
 SLOTS = "__slots__."
@@ -126,44 +132,39 @@ local function unpark(ns, key, limit, now)
 end
 """
 
-# KEYS: namespace. ARGV: broker id, queue, heartbeat timeout (ms), then per job
-# its key, limit, message id and redis message id. Per job: 1, the slot is the
-# job's; 0, parked; 2, the job is no longer in this worker's ack set
-# (maintenance handed it back: this worker was judged dead), so it is neither
-# run nor parked here. One call per fetch: a round trip per job from the
-# consumer thread, which every job goes through, cost 60% of the throughput.
-ACQUIRE = LuaScript(
-    _NOW
-    + _PRUNE
-    + """
-local ns, broker_id, queue, timeout = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
-local outcomes = {}
-for i = 4, #ARGV, 5 do
-    local key, limit = ARGV[i], tonumber(ARGV[i + 1])
-    local message_id, redis_id = ARGV[i + 2], ARGV[i + 3]
+# Takes a slot for one job, or parks it. (outcome, waited): 1, the slot is the
+# job's; 0, parked; 2, the job is no longer in this worker's ack set (``acks``;
+# maintenance handed it back: this worker was judged dead), so it is neither
+# run nor parked here. ``acks`` is nil for a job the fetch has just taken from
+# its queue (``FETCH_PREFIX``): not in any ack set yet, it has nothing to leave.
+# waited: how long a job a freed slot was reserved for had been parked (ms),
+# or -1.
+_TAKE = """
+local function take(
+    ns, broker_id, queue, key, limit, message_id, redis_id, template, timeout, now, acks
+)
     local slots = ns .. ":__slots__." .. key
     -- Per delivery, not per message: a second copy of the same message (sent
     -- again, or a retry whose first attempt's release is still pending) is
     -- another job for the limit; only this delivery asking again is not.
     local holder = "W:" .. broker_id .. ":" .. redis_id
     local mine = redis.call("hget", slots, message_id)
-    local outcome
     local waited = -1
     if mine and (string.sub(mine, 1, 1) == "R" or mine == holder) then
-        outcome = 1
         if string.sub(mine, 1, 1) == "R" then
             waited = now - tonumber(string.match(mine, "(%d+)$"))
         end
     else
-        if redis.call("hlen", slots) >= limit then
+        local taken = redis.call("hlen", slots)
+        if taken >= limit then
             prune(ns, slots, timeout, now)
+            taken = redis.call("hlen", slots)
+            mine = redis.call("hget", slots, message_id)
         end
-        if redis.call("hexists", slots, message_id) == 0 and redis.call("hlen", slots) < limit then
-            outcome = 1
-        elseif redis.call("srem", acks, redis_id) == 0 then
-            outcome = 2
-        else
+        if mine or taken >= limit then
+            if acks and redis.call("srem", acks, redis_id) == 0 then
+                return 2, waited
+            end
             local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
             redis.call("rpush", ns .. ":__parked__." .. key, entry)
             redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
@@ -171,14 +172,35 @@ for i = 4, #ARGV, 5 do
             redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
             redis.call("sadd", ns .. ":__parked_keys__", key)
             redis.call("hset", ns .. ":__slot_limits__", key, limit)
-            redis.call("hset", ns .. ":__slot_templates__", key, ARGV[i + 4])
-            outcome = 0
+            redis.call("hset", ns .. ":__slot_templates__", key, template)
+            return 0, waited
         end
     end
-    if outcome == 1 then
-        redis.call("hset", slots, message_id, holder)
-        redis.call("sadd", ns .. ":__slot_keys__", key)
-    end
+    redis.call("hset", slots, message_id, holder)
+    redis.call("sadd", ns .. ":__slot_keys__", key)
+    return 1, waited
+end
+"""
+
+# KEYS: namespace. ARGV: broker id, queue, heartbeat timeout (ms), then per job
+# its key, limit, message id, redis message id and template. Per job its
+# outcome and wait (``_TAKE``). One call per fetch, for jobs the fetch could not
+# take slots for (``FETCH_PREFIX``: sent by an older release, or while a key
+# pattern's limit is overridden): a round trip per job from the consumer
+# thread, which every job goes through, cost 60% of the throughput.
+ACQUIRE = LuaScript(
+    _NOW
+    + _PRUNE
+    + _TAKE
+    + """
+local ns, broker_id, queue, timeout = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
+local outcomes = {}
+for i = 4, #ARGV, 5 do
+    local outcome, waited = take(
+        ns, broker_id, queue, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
+        ARGV[i + 4], timeout, now, acks
+    )
     outcomes[#outcomes + 1] = outcome
     outcomes[#outcomes + 1] = waited
 end
@@ -186,15 +208,139 @@ return outcomes
 """
 )
 
+# The message option the sender writes a job's key into (``keys.send_key``),
+# so that the fetch can take its slot: Redis cannot build a key from the
+# arguments. A script reads it with cjson, only from payloads that name it.
+SEND_OPTION = CONCURRENCY_KEY  # a delivery option: not counted by the size limit
+# Jobs a fetch may park before it returns what it has: a script blocks Redis
+# while it runs, and a queue can hold thousands of one full key's jobs.
+PARK_PER_FETCH = 100
+
+# In the dispatch script, after the fair prefix (whose chosen jobs are at the
+# head of the queue's list by then) and before dispatch.lua. With ARGV[10]
+# "slots" (the consumer's ``fetch_args``: the keyed actors of this queue, each
+# with its limit and template) this prefix is the fetch: it takes each job as
+# dispatch.lua's fetch does (into this worker's ack set) and its slot with it,
+# or parks it, so the consumer thread has no second round trip to make. A job
+# without the option (sent by an older release), of an actor not listed, or
+# whose payload is not JSON is taken as it is, for the consumer's ``acquire``.
+# dispatch.lua then fetches nothing (its heartbeat and maintenance still run),
+# and the wrapper (``wrap_dispatch``) replies with ``jobs_fetched``, the
+# payloads, followed by ``jobs_slot_info``: per job it decided on, its message
+# id, outcome, wait (ms, -1), key and actor.
+FETCH_PREFIX = (
+    'if ARGV[1] == "fetch" and ARGV[10] == "slots" then\n'
+    + _PRUNE
+    + _TAKE
+    + f"""
+    -- Only a payload the worker's Python will decode as well (the slot would
+    -- otherwise stay taken by a live worker that never runs the job): ASCII
+    -- without control characters (Dramatiq's JSON is; the key then spells the
+    -- same in UTF-8), no number Python's JSON refuses and cjson takes (hex),
+    -- and Dramatiq's fields only (a newer sender's extra field is refused by
+    -- this worker's Message).
+    local function decodable(data)
+        return not string.find(data, "[%z\\1-\\31\\128-\\255]") and not string.find(data, "0[xX]")
+    end
+    local fields = {{
+        queue_name = "string", actor_name = "string", args = "table", kwargs = "table",
+        options = "table", message_id = "string", message_timestamp = "number"
+    }}
+    local function a_message(message)
+        if type(message) ~= "table" then
+            return false
+        end
+        for name, value in pairs(message) do
+            if fields[name] ~= type(value) then
+                return false
+            end
+        end
+        return message.args and message.kwargs and message.options and message.actor_name
+    end
+    jobs_slot_info = {{}}
+    jobs_fetched = {{}}
+    local ns, queue, broker_id = KEYS[1], ARGV[3], ARGV[4]
+    local timeout = tonumber(ARGV[5])
+    local declared = {{}}
+    for i = 11, #ARGV, 3 do
+        declared[ARGV[i]] = {{tonumber(ARGV[i + 1]), ARGV[i + 2]}}
+    end
+    local queue_key = ns .. ":" .. queue
+    local messages = queue_key .. ".msgs"
+    local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
+    local want = math.min(tonumber(ARGV[9]), tonumber(ARGV[8]))
+    local may_park = {PARK_PER_FETCH}
+    while #jobs_fetched < want do
+        local redis_id = redis.call("lpop", queue_key)
+        if not redis_id then
+            break
+        end
+        local outcome = 1
+        local data = redis.call("hget", messages, redis_id)
+        if data and string.find(data, '"{SEND_OPTION}"', 1, true) and decodable(data) then
+            local ok, message = pcall(cjson.decode, data)
+            if ok and a_message(message) then
+                local key = message.options.{SEND_OPTION}
+                local declaration = declared[message.actor_name]
+                local message_id = message.message_id
+                local keyed = type(key) == "string" and key ~= "" and declaration
+                if keyed and type(message_id) == "string" then
+                    local waited
+                    outcome, waited = take(
+                        ns, broker_id, queue, key, declaration[1], message_id,
+                        redis_id, declaration[2], timeout, jobs_now, nil
+                    )
+                    local info = jobs_slot_info
+                    info[#info + 1] = message_id
+                    info[#info + 1] = outcome
+                    info[#info + 1] = waited
+                    info[#info + 1] = key
+                    info[#info + 1] = message.actor_name
+                end
+            end
+        end
+        if outcome ~= 0 then
+            redis.call("sadd", acks, redis_id)
+            jobs_fetched[#jobs_fetched + 1] = data
+        else
+            may_park = may_park - 1
+            if may_park == 0 then
+                break
+            end
+        end
+    end
+    ARGV[9] = "0"  -- dispatch.lua's fetch: nothing left to take
+end
+"""
+)
+
+
+def wrap_dispatch(body: str) -> str:
+    """The dispatch script: ``body`` (prefixes and dispatch.lua) run as a
+    function, whose reply to a fetch with slots is the prefix's
+    (``FETCH_PREFIX``)."""
+    return (
+        "local jobs_slot_info, jobs_fetched\nlocal function jobs_dispatch()\n"
+        + body
+        + "\nend\nlocal jobs_reply = jobs_dispatch()\n"
+        + "if jobs_slot_info then\n"
+        + "    jobs_reply = jobs_fetched\n"
+        + "    jobs_reply[#jobs_reply + 1] = jobs_slot_info\n"
+        + "end\nreturn jobs_reply\n"
+    )
+
+
 # KEYS: namespace. ARGV: broker id, then per job its key, message id, limit and
 # redis message id. Frees each job's slot (held by this delivery, or reserved
 # for the message; not a slot another copy of the same message holds) and
-# hands what is free to parked jobs; returns how many it started.
+# hands what is free to parked jobs; returns how many it started, then the
+# keys that had jobs parked (``waited``).
 RELEASE = LuaScript(
     _NOW
     + _UNPARK
     + """
 local started = 0
+local waited = {}
 for i = 2, #ARGV, 4 do
     local slots = KEYS[1] .. ":__slots__." .. ARGV[i]
     local holder = "W:" .. ARGV[1] .. ":" .. ARGV[i + 3]
@@ -205,6 +351,7 @@ for i = 2, #ARGV, 4 do
     -- Most releases have nothing parked behind them: one SISMEMBER, not the
     -- five commands of an unpark that finds nothing.
     if redis.call("sismember", KEYS[1] .. ":__parked_keys__", ARGV[i]) == 1 then
+        waited[#waited + 1] = ARGV[i]
         started = started + unpark(KEYS[1], ARGV[i], tonumber(ARGV[i + 2]), now)
         if redis.call("exists", KEYS[1] .. ":__parked__." .. ARGV[i]) == 1 then
             -- The limit the sweep hands slots out under: the releasing job's, which
@@ -216,7 +363,8 @@ for i = 2, #ARGV, 4 do
         redis.call("srem", KEYS[1] .. ":__slot_keys__", ARGV[i])
     end
 end
-return started
+table.insert(waited, 1, started)
+return waited
 """
 )
 
@@ -291,11 +439,38 @@ class Held:
 
 
 def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) -> int:
-    """Free the slots of ``held``; the number of parked jobs started."""
+    """Free the slots of ``held``; the number of parked jobs started. The keys
+    that had jobs parked are noted as waited for (``waited_for``)."""
     args: list[str | int] = [broker_id]
     for slot in held:
         args += [slot.key, slot.message_id, slot.limit, slot.redis_message_id]
-    return int(RELEASE(client, [namespace], args))
+    reply = RELEASE(client, [namespace], args)
+    for key in reply[1:]:
+        note_waited(_text(key))
+    return int(reply[0])
+
+
+# Key -> until when (monotonic) this process counts it as having jobs that wait
+# for its slots: seen parked by this process's fetch, or by a release of it.
+# The job-slots thread frees such a key's slots at once and lets the others
+# gather (jobs.middleware.concurrency). A hint only: a key missing here costs
+# its first waiting job at most the gathering time.
+_waited: dict[str, float] = {}
+WAITED_FOR_S = 10.0
+_WAITED_MAX = 10_000
+
+
+def note_waited(key: str) -> None:
+    if len(_waited) >= _WAITED_MAX:
+        now = time.monotonic()
+        entries = list(_waited.items())  # (one C call: other threads add keys meanwhile)
+        for old in [k for k, until in entries if until < now] or [k for k, _ in entries]:
+            _waited.pop(old, None)
+    _waited[key] = time.monotonic() + WAITED_FOR_S
+
+
+def waited_for(key: str) -> bool:
+    return _waited.get(key, 0.0) > time.monotonic()
 
 
 def sweep(

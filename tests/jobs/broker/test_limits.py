@@ -76,3 +76,18 @@ def test_a_message_the_producer_sent_at_the_limit_is_not_refused_when_delivered_
     # Then it is not refused: refusing would lose the job (after_* hooks only log)
     check_size(again)
     check_encoded(again, again.encode())
+
+
+def test_the_concurrency_key_the_sender_writes_is_not_counted(settings: Any) -> None:
+    # The broker writes each keyed job's key into its message (for the fetch);
+    # a payload check before that (the outbox, in the request) and the one
+    # after (the broker's enqueue) must agree, or the relay refuses for good
+    # what the request accepted.
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="default", actor_name="demo", args=("x" * 20,), kwargs={}, options={}
+    )
+    settings.JOBS_MAX_PAYLOAD_BYTES = len(message.encode())
+    check_size(message)
+    keyed = message.copy(options={"jobs_concurrency_key": "tenant:" + "x" * 20})
+    assert "jobs_concurrency_key" in DELIVERY_OPTIONS
+    check_encoded(keyed, keyed.encode())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from enum import Enum
 from typing import Any
 
 import dramatiq
@@ -36,6 +37,18 @@ def report(tenant: str, seconds: float) -> None:
     started = time.monotonic()
     time.sleep(seconds)
     _ran(f"tenant:{tenant}", started)
+
+
+class Tier(str, Enum):  # noqa: UP042 (a StrEnum formats as its value; this does not)
+    GOLD = "gold"
+
+
+@dramatiq.actor(queue_name=QUEUE, max_retries=0, concurrency_key="tier:{tier}", concurrency_limit=1)
+def tiered(tier: str, seconds: float) -> None:
+    # Sent with Tier.GOLD or "gold": the same job key, as a worker decodes both.
+    started = time.monotonic()
+    time.sleep(seconds)
+    _ran(f"tier:{tier}", started)
 
 
 def _count(histogram: Any) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import dramatiq
 import pytest
@@ -13,25 +14,28 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.broker import queues, redis_broker
-from jobs.concurrency import slots
+from jobs.concurrency import keys, slots
+from jobs.middleware import concurrency
 from jobs.models import Job
 from jobs.observability import metrics
 from tests.conftest import join, wait_until
 from tests.jobs.concurrency.actors import (
     QUEUE,
+    Tier,
     _count,
     most_at_once,
     pack,
     report,
     runs,
     start_worker,
+    tiered,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_jobs_of_one_key_run_one_at_a_time_and_all_run(
-    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], sender: str
 ) -> None:
     for _ in range(8):
         pack.send(1, 0.05)
@@ -51,7 +55,7 @@ def test_jobs_of_one_key_run_one_at_a_time_and_all_run(
 
 
 def test_a_full_key_holds_no_worker_thread(
-    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], sender: str
 ) -> None:
     # Two threads: one runs order 1's long job. Without parking, order 1's other
     # jobs would take the second thread and wait; here they wait in Redis, and
@@ -97,7 +101,7 @@ def test_a_full_key_holds_no_worker_thread(
 
 
 def test_a_freed_slot_starts_the_next_parked_job_at_once(
-    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], sender: str
 ) -> None:
     parked_before = metrics.PARKED.labels("pack", QUEUE)._value.get()
     waits = metrics.SLOT_WAIT.labels("pack", QUEUE)
@@ -163,7 +167,7 @@ def test_a_job_whose_key_is_free_starts_at_once(
 
 
 def test_a_second_copy_of_a_running_job_waits_for_the_first(
-    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], sender: str
 ) -> None:
     # The same message enqueued twice (a producer's retry after a lost reply):
     # two deliveries, two jobs for the limit, even on one worker.
@@ -192,3 +196,148 @@ def test_a_dead_workers_slot_is_freed_even_with_nothing_waiting(
     client.set(f"{namespace}:__contact_since__", 0)  # a contact period old enough to judge
     wait_until(lambda: not client.exists(f"{namespace}:{slots.SLOTS}order:9"), timeout=10)
     wait_until(lambda: not client.smembers(f"{namespace}:{slots.SLOT_KEYS}"))
+
+
+def test_the_fetch_takes_the_slots_without_a_second_round_trip(
+    broker: dramatiq.Broker,
+    workers: list[dramatiq.Worker],
+    sender: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cost of a key on a job that never waits was a second script call per
+    # fetch, from the consumer thread every job passes through. A job whose
+    # message carries its key gets its slot (or is parked) in the fetch itself.
+    asked = []
+    acquire = slots.acquire
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
+        return acquire(*args, **kwargs)
+
+    monkeypatch.setattr(slots, "acquire", counted)
+    for n in range(30):
+        pack.send(n % 3, 0.01)
+    start_worker(workers, broker, threads=4)
+    join(QUEUE, timeout_ms=30_000)
+    wait_until(lambda: len(runs) == 30)
+    assert [most_at_once(f"order:{n}") for n in range(3)] == [1, 1, 1]
+    if sender == "key-in-message":
+        assert not asked
+    else:
+        assert asked  # an older sender's jobs: the consumer asks
+    client = redis_broker().client
+    wait_until(lambda: not client.keys("*__slot*"))
+    assert not client.keys("*__parked*")
+
+
+def test_a_slot_is_taken_and_freed_under_the_key_its_sender_wrote(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deploy that changes a key's template: jobs sent before it carry the old
+    # key. The fetch takes their slot under that key, so the worker must free
+    # that one too (not the key its own template builds), or it stays taken.
+    # (The sender here writes the key it is given: the old template's.)
+    monkeypatch.setattr(keys, "send_key", lambda message: None)
+    odd = "legacy:\n😀 1"
+    first = pack.message(1, 0.4).copy(options={slots.SEND_OPTION: odd})
+    second = pack.message(2, 0.0).copy(options={slots.SEND_OPTION: odd})
+    namespace, client = redis_broker().namespace, redis_broker().client
+    start_worker(workers, broker, threads=4)
+    broker.enqueue(first)
+    wait_until(lambda: slots.holders(client, namespace, odd))
+    broker.enqueue(second)
+    wait_until(lambda: slots.parked(client, namespace, odd) == [second.message_id])
+    join(QUEUE, timeout_ms=30_000)
+    wait_until(lambda: len(runs) == 2)
+    assert runs[0][2] <= runs[1][1], "the second ran while the first held the slot"
+    wait_until(lambda: not client.keys("*__slot*"))
+    assert not client.keys("*__parked*")
+
+
+def test_a_fetch_parks_a_long_run_of_one_full_keys_jobs_and_reaches_the_rest(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # 250 jobs of a full key ahead of another key's job: a fetch parks at most
+    # slots.PARK_PER_FETCH of them (a script blocks Redis while it runs), and
+    # the consumer fetches again at once rather than waiting as if idle.
+    pack.send(1, 1.0)
+    for _ in range(250):
+        pack.send(1, 0.0)
+    other = pack.send(2, 0.0)
+    start_worker(workers, broker, threads=2)
+    namespace, client = redis_broker().namespace, redis_broker().client
+    wait_until(lambda: any(key == "order:2" for key, *_ in runs), timeout=10)
+    order_1 = [run for run in runs if run[0] == "order:1"]
+    assert not order_1, "order 2 waited for order 1's long job"
+    assert len(slots.parked(client, namespace, "order:1")) == 250
+    assert other.message_id not in slots.parked(client, namespace, "order:1")
+    join(QUEUE, timeout_ms=60_000)
+    wait_until(lambda: len(runs) == 252, timeout=30)
+    assert most_at_once("order:1") == 1
+    wait_until(lambda: not client.keys("*__parked*"))
+
+
+def test_a_slot_jobs_wait_for_is_freed_at_once_and_others_are_freed_in_batches(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The job-slots thread lets releases gather while nobody waits for their
+    # slots (each of its wake-ups is a hand-over of the GIL), and sends one at
+    # once when its key has jobs waiting. The gathering is 20 ms when shipped;
+    # 5 s here, so that which release waited shows without timing it closely.
+    monkeypatch.setattr(concurrency, "LAZY_GATHER", 5.0)
+    namespace, client = redis_broker().namespace, redis_broker().client
+    start_worker(workers, broker, threads=2)
+    pack.send(1, 0.0)
+    wait_until(lambda: len(runs) == 1)
+    time.sleep(0.5)
+    assert slots.holders(client, namespace, "order:1"), "released without gathering"
+    # A key this process saw jobs parked on (or a release found jobs waiting
+    # for): its release ends the gathering, and the batch goes at once.
+    slots.note_waited("order:2")
+    pack.send(2, 0.0)
+    wait_until(lambda: len(runs) == 2)
+    wait_until(lambda: not client.keys("*__slot*"), timeout=1.5)
+    # A release that finds jobs parked notes their key as waited for.
+    client.sadd(f"{namespace}:{slots.PARKED_KEYS}", "order:3")
+    slots.release(client, namespace, [slots.Held("order:3", "m", 1, "r")], broker_id="b")
+    assert slots.waited_for("order:3")
+    assert not slots.waited_for("order:4")
+
+
+def test_a_sender_builds_the_key_from_the_arguments_a_worker_will_decode(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # Tier.GOLD, a (str, Enum), formats as "Tier.GOLD" in the sender but
+    # arrives as "gold": a key built from it as sent would let the two jobs
+    # below, one key for the worker, run at once.
+    first, second = tiered.send(Tier.GOLD, 0.3), tiered.send("gold", 0.3)
+    assert first.options[slots.SEND_OPTION] == second.options[slots.SEND_OPTION] == "tier:gold"
+    start_worker(workers, broker, threads=4)
+    join(QUEUE, timeout_ms=30_000)
+    wait_until(lambda: len(runs) == 2)
+    assert most_at_once("tier:gold") == 1
+
+
+@pytest.mark.parametrize("payload", ["a-newer-senders-field", "not-utf-8", "hex-number"])
+def test_a_payload_the_worker_cannot_decode_takes_no_slot(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], payload: str
+) -> None:
+    # Redis's cjson reads some payloads Dramatiq's Message refuses. If the fetch
+    # took their slot, the worker (alive, beating) would never run the job nor
+    # free the slot, and every later job of the key would wait for good.
+    message = pack.message(7, 0.0).copy(options={"redis_message_id": "odd-1"})
+    message = message.copy(options={slots.SEND_OPTION: "order:7"})
+    data = message.encode()
+    if payload == "a-newer-senders-field":
+        data = data[:-1] + b',"new_field":1}'
+    elif payload == "not-utf-8":
+        data = data.replace(b'"order:7"', b'"order:7\xff"')
+    else:
+        data = data.replace(b'"args":[7,', b'"args":[0x7,')
+    redis_broker().do_enqueue(QUEUE, "odd-1", data)
+    start_worker(workers, broker, threads=2)
+    namespace, client = redis_broker().namespace, redis_broker().client
+    time.sleep(1.0)  # fetched (and refused by the worker's decoder)
+    assert not client.keys(f"{namespace}:{slots.SLOTS}*"), "a slot no job will free"
+    pack.send(7, 0.0)
+    wait_until(lambda: len(runs) == 1, timeout=10)
