@@ -235,12 +235,18 @@ FETCH_PREFIX = (
     + f"""
     -- Only a payload the worker's Python will decode as well (the slot would
     -- otherwise stay taken by a live worker that never runs the job): ASCII
-    -- without control characters (Dramatiq's JSON is; the key then spells the
-    -- same in UTF-8), no number Python's JSON refuses and cjson takes (hex),
+    -- printable, without control characters or whitespace (Dramatiq's compact
+    -- JSON is; the key then spells the same in UTF-8; another encoder's
+    -- payloads go the ACQUIRE way), no number Python's JSON refuses and
+    -- cjson takes (hex),
     -- and Dramatiq's fields only (a newer sender's extra field is refused by
     -- this worker's Message).
     local function decodable(data)
-        return not string.find(data, "[%z\\1-\\31\\128-\\255]") and not string.find(data, "0[xX]")
+        -- (One negated range and two plain finds: a set of three ranges cost
+        -- Redis 10 us per 270-byte payload, these 6.)
+        return not string.find(data, "[^\\32-\\126]")
+            and not string.find(data, "0x", 1, true)
+            and not string.find(data, "0X", 1, true)
     end
     local fields = {{
         queue_name = "string", actor_name = "string", args = "table", kwargs = "table",
