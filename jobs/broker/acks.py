@@ -226,28 +226,28 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 metrics.SLOT_WAIT.labels(message.actor_name, self.queue_name).observe(waited)
             return True
         self.queued_message_ids.discard(message.message_id)
-        if taken == slots.PARKED_NOW:
-            if key is not None:
-                slots.note_waited(key)
-            metrics.PARKED.labels(message.actor_name, self.queue_name).inc()
+        if taken == slots.PARKED_NOW and key is not None:
+            self._parked(key, message.actor_name)
         return False
 
+    def _parked(self, key: str, actor_name: str) -> None:
+        """A job set aside for a slot of ``key``: counted, and the key noted as
+        waited for (its releases go at once, ``jobs.middleware.concurrency``)."""
+        slots.note_waited(key)
+        metrics.PARKED.labels(actor_name, self.queue_name).inc()
+
     def note_fetched_slots(self, info: list[Any]) -> None:
-        """What a fetch that took slots itself decided (``slots.FETCH_PREFIX``):
-        per job its message id, outcome, wait (ms, -1), key and actor. The taken
-        ones pass ``_slot_taken`` without a round trip; the parked ones never
-        reach this worker."""
+        """What a fetch that took slots itself decided (``slots.decided``): the
+        taken ones pass ``_slot_taken`` without a round trip; the parked ones
+        never reach this worker."""
         self.parked_by_fetch = 0
-        for i in range(0, len(info), 5):
-            message_id, outcome = _text(info[i]), int(info[i + 1])
-            if outcome == slots.TAKEN:
-                waited = int(info[i + 2])
-                self.slot_outcomes[message_id] = (outcome, None if waited < 0 else waited / 1000)
-                self.slot_keys[message_id] = _text(info[i + 3])
+        for job in slots.decided(info):
+            if job.outcome == slots.TAKEN:
+                self.slot_outcomes[job.message_id] = (job.outcome, job.waited)
+                self.slot_keys[job.message_id] = job.key
             else:
                 self.parked_by_fetch += 1
-                slots.note_waited(_text(info[i + 3]))
-                metrics.PARKED.labels(_text(info[i + 4]), self.queue_name).inc()
+                self._parked(job.key, job.actor_name)
 
     def _acquire_batch(
         self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
@@ -298,8 +298,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             else:
                 parked.add(id(data))
                 if outcome[0] == slots.PARKED_NOW:
-                    slots.note_waited(job.key)
-                    metrics.PARKED.labels(job.actor_name, self.queue_name).inc()
+                    self._parked(job.key, job.actor_name)
         if parked:
             self.message_cache = [data for data in self.message_cache if id(data) not in parked]
         if outcomes[0][0] != slots.TAKEN:
@@ -546,8 +545,3 @@ class HeldAcks:
                     _ACK_MANY.sha, 1, self.namespace, now, self.broker_id, queue_name, *ids
                 )
         pipe.execute()
-
-
-def _text(value: str | bytes) -> str:
-    # (The fetch hands out only ASCII keys; a reply is never a reason to raise.)
-    return value.decode(errors="replace") if isinstance(value, bytes) else value

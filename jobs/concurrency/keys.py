@@ -184,7 +184,7 @@ def key_of(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> tuple[str,
     declaration = _declared.get(message.actor_name)
     if declaration is None:
         return None
-    key = _sent_key(message) or declaration.key(tuple(message.args), dict(message.kwargs))
+    key = _key(message, declaration)
     return key, limits.effective(declaration.template, key, declaration.limit)
 
 
@@ -207,6 +207,12 @@ def send_key(message: dramatiq.Message[Any]) -> str | None:
 
 # Argument types that arrive as they were sent (no encoder round trip needed).
 _PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _key(message: dramatiq.Message[Any] | dramatiq.MessageProxy, declaration: Declaration) -> str:
+    """The key the sender wrote, or (an older sender) the one its arguments give."""
+    key = _sent_key(message)
+    return key if key is not None else declaration.key(tuple(message.args), dict(message.kwargs))
 
 
 def _sent_key(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> str | None:
@@ -258,9 +264,7 @@ def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.H
         return None
     key = getattr(message, _KEY_ATTRIBUTE, None)
     if key is None:
-        key = _sent_key(message)
-    if key is None:
-        key = declaration.key(tuple(message.args), dict(message.kwargs))
+        key = _key(message, declaration)
     limit = limits.effective(declaration.template, key, declaration.limit)
     redis_id = message.options.get("redis_message_id", "")
     return slots.Held(key, message.message_id, limit, redis_id)

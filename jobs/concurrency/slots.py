@@ -237,10 +237,9 @@ FETCH_PREFIX = (
     -- otherwise stay taken by a live worker that never runs the job): ASCII
     -- printable, without control characters or whitespace (Dramatiq's compact
     -- JSON is; the key then spells the same in UTF-8; another encoder's
-    -- payloads go the ACQUIRE way), no number Python's JSON refuses and
-    -- cjson takes (hex),
-    -- and Dramatiq's fields only (a newer sender's extra field is refused by
-    -- this worker's Message).
+    -- payloads go the ACQUIRE way), no number Python's JSON refuses and cjson
+    -- takes (hex), and Dramatiq's fields only (a newer sender's extra field is
+    -- refused by this worker's Message).
     local function decodable(data)
         -- (One negated range and two plain finds: a set of three ranges cost
         -- Redis 10 us per 270-byte payload, these 6.)
@@ -319,6 +318,31 @@ FETCH_PREFIX = (
 end
 """
 )
+
+
+@dataclass(frozen=True)
+class Decided:
+    """What a fetch with slots decided for one keyed job (``FETCH_PREFIX``)."""
+
+    message_id: str
+    outcome: int  # TAKEN or PARKED_NOW
+    waited: float | None  # seconds it had waited parked, for a reserved slot
+    key: str
+    actor_name: str
+
+
+def decided(info: list[Any]) -> list[Decided]:
+    """``jobs_slot_info``, the last element of a fetch's reply, per job."""
+    return [
+        Decided(
+            _text(info[i]),
+            int(info[i + 1]),
+            None if int(info[i + 2]) < 0 else int(info[i + 2]) / 1000,
+            _text(info[i + 3]),
+            _text(info[i + 4]),
+        )
+        for i in range(0, len(info), 5)
+    ]
 
 
 def wrap_dispatch(body: str) -> str:

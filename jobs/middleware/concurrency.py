@@ -1,17 +1,19 @@
 """Per-key concurrency and fair queueing (``jobs.concurrency``): the actor
 options, and the slot of a job freed as soon as it ends.
 
-The slot is taken by the consumer, before the job reaches a worker thread
-(``jobs.broker.acks``); here it is freed after the job ran or was skipped
-(cancelled, paused, expired), which hands it to the oldest parked job.
+The slot is taken with the job by the worker's fetch (or by the consumer right
+after it, ``jobs.broker.acks``), before the job reaches a worker thread; here
+it is freed after the job ran or was skipped (cancelled, paused, expired),
+which hands it to the oldest parked job.
 
 Worker threads do not free slots themselves: each release would be a round
 trip per job. They hand it to this process's ``job-slots`` thread, which sends
 every release pending in one script call: within a few milliseconds when a
-key of theirs has jobs waiting for its slots, within ``LAZY_GATHER`` otherwise. A release Redis
-could not take stays pending and is sent again: its holder is alive, so no
-verdict would ever free that slot. The same thread frees, once a second, the
-slots of dead workers and starts the jobs parked behind them.
+key of theirs has jobs waiting for its slots, within ``LAZY_GATHER``
+otherwise. A release Redis could not take stays pending and is sent again:
+its holder is alive, so no verdict would ever free that slot. The same thread
+frees, once a second, the slots of dead workers and starts the jobs parked
+behind them.
 """
 
 from __future__ import annotations
