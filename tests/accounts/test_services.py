@@ -3,8 +3,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.auth.hashers import MD5PasswordHasher
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
+from pytest_django.fixtures import Settings
 
 from accounts.services import RegistrationConflict, user_register
 from tests.conftest import queued_messages
@@ -63,3 +65,31 @@ def test_it_turns_a_unique_race_into_a_field_conflict() -> None:
     assert email_taken.value.field == "email"
     assert User.objects.count() == 1
     assert len(queued_messages("emails")) == 1
+
+
+class TransactionProbingHasher(MD5PasswordHasher):
+    """Notes, at each hash, whether a transaction was open on this thread."""
+
+    in_transaction: list[bool] = []
+
+    def encode(self, password: str, salt: str) -> str:
+        self.in_transaction.append(connection.in_atomic_block)
+        return super().encode(password, salt)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_password_is_hashed_before_the_transaction_opens(settings: Settings) -> None:
+    # The shipped PBKDF2 takes 0.2-0.5 s of CPU. On SQLite a transaction holds
+    # the database's one write lock from its BEGIN IMMEDIATE: hashed inside it,
+    # four concurrent signups held the lock 94% of the time and a worker's write
+    # waited out the busy timeout ("database is locked"). This test swaps in a
+    # hasher that records whether it ran inside a transaction.
+    settings.PASSWORD_HASHERS = [f"{__name__}.TransactionProbingHasher"]
+    TransactionProbingHasher.in_transaction.clear()
+
+    user = user_register(username="ada", email="ada@EXAMPLE.com", password="correct-horse-1")
+
+    assert TransactionProbingHasher.in_transaction == [False]
+    stored = User.objects.get(pk=user.pk)
+    assert stored.check_password("correct-horse-1")
+    assert stored.email == "ada@example.com"  # normalised as create_user() does
