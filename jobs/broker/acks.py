@@ -107,6 +107,13 @@ return 1
 ACKS_PER_CALL = 500
 
 
+def queue_ack(pipe: Any, namespace: str, broker_id: str, queue_name: str, redis_id: str) -> None:
+    """Add to ``pipe`` the ack of one message fetched from ``queue_name``, by its
+    script's source: inside MULTI a missing script fails alone and EXEC runs the
+    rest (``jobs.broker.unknown_actors`` sends a copy and this ack as one)."""
+    pipe.eval(_ACK_MANY.source, 1, namespace, current_millis(), broker_id, queue_name, redis_id)
+
+
 def give_back_token() -> str:
     """The value of ``GIVE_BACK`` for one give-back of a message."""
     return secrets.token_hex(8)
@@ -187,8 +194,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
         """Put back (or, after waiting too long, dead-letter with a ledger row) a
         message no worker thread here could run (``jobs.broker.unknown_actors``)."""
         try:
-            if unknown_actors.put_back(self.broker, message):
-                self.ack(message)  # the copy is in Redis: this one is done
+            if unknown_actors.put_back(self.broker, message, self.queue_name):
+                # The copy and this message's ack went in one Redis transaction.
+                self.queued_message_ids.discard(message.message_id)
+                self.made_room()
                 return
             ledger.record(unknown_actors.failure_event(message), durable=True)
             message.fail()

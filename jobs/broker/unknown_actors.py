@@ -4,9 +4,11 @@ a new version's job fetched by an old worker.
 Dramatiq dead-letters it at once, before any middleware sees it, so the job
 failed for good with no ledger row while a worker that knows it was starting
 up. Here the consumer puts it back instead: the same message, delayed by
-``JOBS_PAUSE_RECHECK_MS``, for a worker that knows the actor (the old message
-acked once the copy is in Redis; the copy is recorded through the ledger
-intake, which only a process that knows the actor drains). Past
+``JOBS_PAUSE_RECHECK_MS``, for a worker that knows the actor. The copy and
+the fetched message's ack are one Redis transaction: a worker killed between
+the two would otherwise leave both, and the job would run twice. The copy is
+recorded through the ledger intake, which only a process that knows the actor
+drains. Past
 ``JOBS_UNKNOWN_ACTOR_WAIT_MS`` since it was first sent (no deploy brought the
 actor), it is dead-lettered with a ledger row saying so: the admin shows it
 failed, and its Retry button sends it again once the actor exists.
@@ -42,9 +44,10 @@ def is_unknown(
     return message.actor_name not in broker.actors
 
 
-def put_back(broker: WakeupRedisBroker, message: dramatiq.MessageProxy) -> bool:
-    """Send ``message`` again, delayed, for a worker that knows its actor; True
-    if put back, False once it waited too long (then dead-letter it)."""
+def put_back(broker: WakeupRedisBroker, message: dramatiq.MessageProxy, fetched_from: str) -> bool:
+    """Send ``message`` again, delayed, for a worker that knows its actor, and
+    ack it on ``fetched_from`` in the same transaction; True if put back, False
+    (nothing sent) once it waited too long: then dead-letter it."""
     age_ms = time.time() * 1000 - message.message_timestamp
     if age_ms > jobs_settings.JOBS_UNKNOWN_ACTOR_WAIT_MS:
         logger.error(
@@ -59,7 +62,11 @@ def put_back(broker: WakeupRedisBroker, message: dramatiq.MessageProxy) -> bool:
     copy: dramatiq.Message[Any] = message.copy(
         queue_name=q_name(message.queue_name), options={REQUEUES: trips}
     )
-    broker.enqueue(copy, delay=jobs_settings.JOBS_PAUSE_RECHECK_MS)
+    broker.enqueue(
+        copy,
+        delay=jobs_settings.JOBS_PAUSE_RECHECK_MS,
+        replacing=(fetched_from, message.options["redis_message_id"]),
+    )
     now = time.monotonic()
     if now - _warned.get(message.actor_name, float("-inf")) >= WARN_EVERY_S:
         _warned[message.actor_name] = now

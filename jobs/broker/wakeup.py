@@ -38,7 +38,7 @@ from dramatiq.common import compute_backoff, current_millis, dq_name
 from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import clock, replication
-from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer
+from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer, queue_ack
 from jobs.broker.hooks import QuietHooks
 from jobs.broker.packed import NotSent, PackedEnqueue
 from jobs.broker.sentinel import master_client
@@ -179,12 +179,19 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         return _WakeupConsumer if self.instant_wakeup else LedgerOrderedConsumer
 
     def enqueue(
-        self, message: dramatiq.Message[Any], *, delay: int | None = None
+        self,
+        message: dramatiq.Message[Any],
+        *,
+        delay: int | None = None,
+        replacing: tuple[str, str] | None = None,
     ) -> dramatiq.Message[Any]:
         """RedisBroker.enqueue, except that the bytes it sends are handed to each
         middleware's ``check_encoded`` (the payload size limit), which would
         otherwise encode the message again. They are encoded once every
-        ``before_enqueue`` hook has run, so the check sees the final message."""
+        ``before_enqueue`` hook has run, so the check sees the final message.
+
+        ``replacing``: the queue and redis message id of a message this worker
+        fetched, acked in the same Redis transaction as the send."""
         queue_name = message.queue_name
         # Unique per enqueue: a retry is the same message id enqueued again.
         options = {"redis_message_id": str(uuid4())}
@@ -212,9 +219,18 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
         fair_key = fairness.key_of(message) if delay is None else ""
         if fair_key and not fairness.enabled():  # the setting read only for fair actors
             fair_key = ""
-        self.do_enqueue(
-            queue_name, message.options["redis_message_id"], data, intake=intake, fair_key=fair_key
-        )
+        if replacing is not None:
+            self._enqueue_replacing(
+                queue_name, message.options["redis_message_id"], data, intake, replacing
+            )
+        else:
+            self.do_enqueue(
+                queue_name,
+                message.options["redis_message_id"],
+                data,
+                intake=intake,
+                fair_key=fair_key,
+            )
         self.emit_after("enqueue", message, delay)
         return message
 
@@ -273,6 +289,28 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             replies = self._enqueue_pipeline(args, ack)
         replication.check_ack(self.client, ack, True, replies)
         return replies[0]
+
+    def _enqueue_replacing(
+        self,
+        queue_name: str,
+        redis_message_id: str,
+        data: bytes,
+        intake: bool,
+        replacing: tuple[str, str],
+    ) -> None:
+        """The enqueue and the ack of the message it replaces, in MULTI/EXEC:
+        Redis runs both or, if this process dies before EXEC, neither. Scripts go
+        by source (EVAL): a missing one would fail alone, and EXEC run the other.
+        No replica WAIT and no fair key: a put-back sends to a delay queue."""
+        args = self._dispatch_args("enqueue", queue_name, redis_message_id, data)
+        pipe = self.client.pipeline(transaction=True)
+        script: Any = self._enqueue_script.script
+        pipe.eval(script, 1, self.namespace, *args, *((1,) if intake else ()))
+        queue_ack(pipe, self.namespace, self.broker_id, *replacing)
+        try:
+            pipe.execute()
+        except UNREACHABLE as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _pack_enqueue(self) -> PackedEnqueue:
         self._packed = PackedEnqueue(

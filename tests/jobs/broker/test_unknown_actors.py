@@ -12,8 +12,9 @@ from typing import Any
 
 import dramatiq
 import pytest
+from dramatiq.common import dq_name
 
-from jobs.broker import queues
+from jobs.broker import queues, unknown_actors
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job
@@ -98,3 +99,42 @@ def test_past_the_wait_it_is_dead_lettered_with_a_ledger_row_and_can_be_retried(
         join(QUEUE)
     finally:
         worker.stop()
+
+
+class Killed(BaseException):
+    """The worker process dying: nothing after this point reaches Redis."""
+
+
+def copies_in_redis(broker: Any, message_id: str) -> int:
+    """Payloads of ``message_id`` in the queue and its delay queue: each one runs."""
+    found = 0
+    for queue in (QUEUE, dq_name(QUEUE)):
+        for data in broker.client.hvals(f"{broker.namespace}:{queue}.msgs"):
+            found += dramatiq.Message.decode(data).message_id == message_id
+    return found
+
+
+def fetch_for(consumer: Any, rounds: int) -> None:
+    for _ in range(rounds):
+        next(consumer)
+
+
+def test_a_worker_killed_right_after_a_put_back_leaves_one_copy(
+    broker: Any, deploy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A kill forced at the worst moment: as the put-back returns. Sent as a copy
+    # and then acked, a kill between the two left the fetched message in the
+    # dead worker's ack set beside its copy, and both ran once the actor came.
+    put_back = unknown_actors.put_back
+
+    def put_back_then_die(*args: Any) -> bool:
+        put_back(*args)
+        raise Killed
+
+    monkeypatch.setattr(unknown_actors, "put_back", put_back_then_die)
+    message = new_version_message(broker)
+    consumer = broker.consume(QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    with pytest.raises(Killed):
+        fetch_for(consumer, 100)  # a fetch or two reach the put-back
+
+    assert copies_in_redis(broker, message.message_id) == 1
