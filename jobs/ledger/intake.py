@@ -53,16 +53,39 @@ LOCK_MS = 10_000
 # long: an admin page while Redis is away costs one probe, not one per page.
 READER_BACKOFF_S = 5.0
 
-# KEYS: intake, lock; ARGV: token, entries taken, entries to keep (pushed back
-# at the tail). Trims only for the lock's holder (one whose lock expired
-# mid-batch leaves the trim to its successor, which read the same entries) and
-# renews the lock for the next batch.
+# KEYS: intake, lock, set of actors with kept entries; ARGV: token, entries
+# taken, then actor and entry of each to keep. Trims only for the lock's holder
+# (one whose lock expired mid-batch leaves the trim to its successor, which read
+# the same entries). An entry of an actor this process does not know goes to
+# that actor's list beside the intake (``<intake>.actor.<name>``), where only a
+# process that knows the actor looks (``_ADOPT``): pushed back onto the intake,
+# it was read and decoded again at every drain of every older process, for as
+# long as a rolling deploy lasted.
 _TRIM = f"""
 if redis.call("get", KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call("ltrim", KEYS[1], ARGV[2], -1)
-if #ARGV > 2 then redis.call("rpush", KEYS[1], unpack(ARGV, 3)) end
+for i = 3, #ARGV, 2 do
+    redis.call("rpush", KEYS[1] .. ".actor." .. ARGV[i], ARGV[i + 1])
+    redis.call("sadd", KEYS[3], ARGV[i])
+end
 redis.call("pexpire", KEYS[2], {LOCK_MS})
 return 1
+"""
+# KEYS: intake, set of actors with kept entries; ARGV: actors this process
+# knows. Moves their kept entries back onto the intake; returns how many.
+_ADOPT = """
+local moved = 0
+for i = 1, #ARGV do
+    local kept = KEYS[1] .. ".actor." .. ARGV[i]
+    local entries = redis.call("lrange", kept, 0, -1)
+    for first = 1, #entries, 1000 do  -- unpack's stack limit
+        redis.call("rpush", KEYS[1], unpack(entries, first, math.min(first + 999, #entries)))
+    end
+    moved = moved + #entries
+    redis.call("del", kept)
+    redis.call("srem", KEYS[2], ARGV[i])
+end
+return moved
 """
 _RELEASE = """
 if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) end
@@ -74,6 +97,37 @@ def intake_key(namespace: str) -> str:
     return f"{namespace}:ledger.intake"
 
 
+def _kept_actors_key(namespace: str) -> str:
+    return f"{intake_key(namespace)}.actors"
+
+
+def _present(broker: Any) -> int:
+    """The intake's length, once the entries kept for actors this process
+    knows are back on it: one round trip when none are kept."""
+    client, key = broker.client, intake_key(broker.namespace)
+    kept = _kept_actors_key(broker.namespace)
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(key)
+    pipe.smembers(kept)
+    present, actors = pipe.execute()
+    known = sorted(name for name in (a.decode() for a in actors) if name in broker.actors)
+    if known:
+        present = int(present) + int(client.eval(_ADOPT, 2, key, kept, *known))
+    return int(present)
+
+
+def waiting(broker: Any) -> int:
+    """Entries not written yet: on the intake, and kept for actors that the
+    process which read them did not know (for the metrics)."""
+    client, key = broker.client, intake_key(broker.namespace)
+    actors = sorted(a.decode() for a in client.smembers(_kept_actors_key(broker.namespace)))
+    pipe = client.pipeline(transaction=False)
+    pipe.llen(key)
+    for name in actors:
+        pipe.llen(f"{key}.actor.{name}")
+    return sum(int(n) for n in pipe.execute())
+
+
 def is_first_send(message: dramatiq.Message[Any]) -> bool:
     """Whether ``message`` is being sent for the first time (not a retry, a
     deferral or a paused queue's put-back, which all set ``retries``)."""
@@ -81,10 +135,10 @@ def is_first_send(message: dramatiq.Message[Any]) -> bool:
     return options.get("retries") is None and PAUSE_REQUEUES not in options
 
 
-def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[bytes]]:
-    """The events of ``entries``, and the entries to keep for another process:
-    those of an actor this one does not know (a rolling deploy's new actor),
-    whose arguments it could not redact by parameter name."""
+def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[str | bytes]]:
+    """The events of ``entries``, and the entries to keep for another process
+    (actor, entry, ...): those of an actor this one does not know (a rolling
+    deploy's new actor), whose arguments it could not redact by parameter name."""
     from jobs.middleware.ledger import enqueue_event  # the middleware builds the event
 
     by_queue: dict[str, list[bytes]] = {}
@@ -94,7 +148,8 @@ def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[bytes]
     for queue_name, queued in by_queue.items():
         ids = [entry.decode().partition("\n")[2] for entry in queued]
         pipe.hmget(f"{broker.namespace}:{queue_name}.msgs", ids)
-    events, kept = [], []
+    events: list[Event] = []
+    kept: list[str | bytes] = []
     for (queue_name, queued), found in zip(by_queue.items(), pipe.execute(), strict=True):
         delayed = queue_name != q_name(queue_name)
         for entry, data in zip(queued, found, strict=True):
@@ -103,7 +158,7 @@ def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[bytes]
             try:
                 message = dramatiq.Message.decode(data)
                 if message.actor_name not in broker.actors:
-                    kept.append(entry)
+                    kept += [message.actor_name, entry]
                     continue
                 events.append(enqueue_event(broker, message, delayed=delayed))
             except Exception:
@@ -129,6 +184,7 @@ def peek(message_id: str, broker: Any = None) -> dramatiq.Message[Any] | None:
     if not getattr(broker, "ledger_intake", False) or recently_unreachable():
         return None
     try:
+        _present(broker)  # entries kept for actors this process knows: back on the intake
         entries = broker.client.lrange(intake_key(broker.namespace), 0, PEEK_LIMIT - 1)
         by_queue: dict[str, list[str]] = {}
         for entry in entries:
@@ -164,15 +220,14 @@ def drain(broker: Any, *, deadline: float | None = None) -> bool | None:
         return None
     client = broker.client
     key, lock = intake_key(broker.namespace), intake_key(broker.namespace) + ".lock"
-    present = client.llen(key)
+    present = _present(broker)
     if not present:  # the usual case, and no write to Redis for it
         return True
     token = uuid4().hex
     if not client.set(lock, token, nx=True, px=LOCK_MS):
         return None
     try:
-        # Those present now: entries sent meanwhile, and those kept for
-        # another process, are for the next call.
+        # Those present now: entries sent meanwhile are for the next call.
         while present > 0:
             entries = client.lrange(key, 0, min(BATCH, present) - 1)
             if not entries:
@@ -180,7 +235,8 @@ def drain(broker: Any, *, deadline: float | None = None) -> bool | None:
             events, kept = _events(broker, entries)
             if events:
                 writer.write_now(events)
-            if not client.eval(_TRIM, 2, key, lock, token, len(entries), *kept):
+            kept_actors = _kept_actors_key(broker.namespace)
+            if not client.eval(_TRIM, 3, key, lock, kept_actors, token, len(entries), *kept):
                 return None
             present -= len(entries)
             if present > 0 and deadline is not None and time.monotonic() > deadline:
@@ -241,7 +297,7 @@ def _waiting(broker: Any, timeout: float) -> int:
 
     def ask() -> None:
         try:
-            answer.append(int(broker.client.llen(intake_key(broker.namespace))))
+            answer.append(_present(broker))
         except Exception as exc:
             answer.append(exc)
 

@@ -123,10 +123,10 @@ class StateCollector(Collector):
 
 def _intake_waiting() -> int:
     from jobs.broker import redis_broker
-    from jobs.ledger.intake import intake_key
+    from jobs.ledger.intake import waiting
 
     broker = redis_broker()
-    return int(broker.client.llen(intake_key(broker.namespace)))
+    return waiting(broker)
 
 
 def _stuck_jobs() -> int:
