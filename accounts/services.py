@@ -8,6 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives
@@ -48,11 +49,15 @@ def user_register(*, username: str, email: str, password: str) -> AbstractBaseUs
     # machine, and on SQLite a transaction holds the database's only write lock
     # from BEGIN IMMEDIATE. Hashed inside, four concurrent signups held it 94% of
     # the time and a worker's write waited out the 30 s busy timeout ("database
-    # is locked"). The fields are normalised as create_user() would.
+    # is locked"). Built as create_user() builds it: the same checks and
+    # normalisation, the hash assigned (set_password would also run validators'
+    # password_changed() hooks at save, inside the transaction).
+    if not username:
+        raise ValueError("The given username must be set")
     user = User(
         username=User.normalize_username(username), email=User.objects.normalize_email(email)
     )
-    user.set_password(password)
+    user.password = make_password(password)
     try:
         with transaction.atomic():
             user.save(force_insert=True)
@@ -62,7 +67,9 @@ def user_register(*, username: str, email: str, password: str) -> AbstractBaseUs
             send_on_commit(send_welcome_email, user_id)
             transaction.on_commit(metrics.SIGNUPS.inc)
     except IntegrityError as exc:
-        field = "email" if "email" in str(exc).lower() else "username"
+        # The first line names the constraint; PostgreSQL's DETAIL line quotes
+        # the values ("Key (username)=(email_fan)").
+        field = "email" if "email" in str(exc).splitlines()[0].lower() else "username"
         raise RegistrationConflict(field, f"A user with that {field} already exists.") from exc
     logger.info("Registered user %s", user_id)
     return user

@@ -45,7 +45,7 @@ def _patch(base: Any) -> None:
 
     def traced_begin(self: Any) -> None:
         begin(self)  # returns once the lock is ours: the wait shows as a slow statement
-        self._lock_trace = (time.monotonic(), "".join(traceback.format_stack(limit=20)))
+        self._lock_trace = (time.monotonic(), "".join(traceback.format_stack(limit=40)))
 
     def ending(kind: str, end: Callable[[Any], None]) -> Callable[[Any], None]:
         def traced(self: Any) -> None:
@@ -71,7 +71,7 @@ def _patch(base: Any) -> None:
         except Exception as exc:
             if "locked" in str(exc):
                 took = time.monotonic() - started
-                stack = "".join(traceback.format_stack(limit=20))
+                stack = "".join(traceback.format_stack(limit=40))
                 _write("LOCKED", f"waited={took:.2f}s query={query[:120]!r}", stack)
             raise
         finally:

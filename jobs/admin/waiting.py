@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import connection
+
 from jobs.broker import redis_broker
 from jobs.concurrency import slots
 from jobs.consistency.reachability import UNREACHABLE, note_unreachable, recently_unreachable
@@ -21,7 +23,9 @@ def note_waiting(jobs: Iterable[Job]) -> None:
     enqueued = [job for job in jobs if job.state == states.ENQUEUED]
     for job in enqueued:
         job.waiting_for = ""  # type: ignore[attr-defined]
-    if not enqueued or recently_unreachable():
+    # Not inside a transaction (the admin's delete and change POSTs): on SQLite
+    # it holds the only write lock, which a slow Redis would hold with it.
+    if not enqueued or recently_unreachable() or connection.in_atomic_block:
         return
     broker = redis_broker()
     try:

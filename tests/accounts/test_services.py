@@ -93,3 +93,45 @@ def test_the_password_is_hashed_before_the_transaction_opens(settings: Settings)
     stored = User.objects.get(pk=user.pk)
     assert stored.check_password("correct-horse-1")
     assert stored.email == "ada@example.com"  # normalised as create_user() does
+
+
+class RecordingValidator:
+    """A password validator that notes whether its password_changed() hook ran
+    inside a transaction (a validator may do real work there)."""
+
+    inside: list[bool] = []
+
+    def validate(self, password: str, user: object = None) -> None:
+        pass
+
+    def password_changed(self, password: str, user: object = None) -> None:
+        self.inside.append(connection.in_atomic_block)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_password_hook_runs_inside_the_signup_transaction(settings: Settings) -> None:
+    settings.AUTH_PASSWORD_VALIDATORS = [{"NAME": f"{__name__}.RecordingValidator"}]
+    RecordingValidator.inside.clear()
+
+    user_register(username="ada", email="ada@example.com", password="correct-horse-1")
+
+    assert True not in RecordingValidator.inside
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_empty_username_is_refused_as_create_user_refuses_it() -> None:
+    with pytest.raises(ValueError, match="username must be set"):
+        user_register(username="", email="ada@example.com", password="correct-horse-1")
+    assert not User.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_username_conflict_is_the_usernames_even_when_the_name_says_email() -> None:
+    # PostgreSQL's error quotes the values on its DETAIL line: "Key
+    # (username)=(email_fan)" made the username's conflict read as the email's.
+    user_register(username="email_fan", email="fan@example.com", password="correct-horse-1")
+
+    with pytest.raises(RegistrationConflict) as taken:
+        user_register(username="email_fan", email="other@example.com", password="correct-horse-1")
+
+    assert taken.value.field == "username"
