@@ -311,6 +311,13 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             pipe.execute()
         except UNREACHABLE as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        except redis.exceptions.ReadOnlyError as exc:
+            # A primary demoted to a replica answers READONLY inside EXEC's
+            # reply, where redis-py's Sentinel connection does not turn it into
+            # a lost connection (as it does a single command's): drop the pool's
+            # connections, so the next command asks the Sentinels again.
+            self.client.connection_pool.disconnect()
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _pack_enqueue(self) -> PackedEnqueue:
         self._packed = PackedEnqueue(

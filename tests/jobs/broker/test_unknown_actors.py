@@ -8,17 +8,24 @@ while the old worker runs, as a new worker process would have it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import dramatiq
 import pytest
+import redis
 from dramatiq.common import dq_name
+from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import queues, unknown_actors
+from jobs.broker.wakeup import WakeupRedisBroker
 from jobs.ledger import operations
 from jobs.ledger import writer as ledger
 from jobs.models import Job
+from project.redis_server import RedisServer
 from tests.conftest import IDLE_POLL_MS, join, wait_until
+from tests.e2e.conftest import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "deploy-test"
@@ -138,3 +145,24 @@ def test_a_worker_killed_right_after_a_put_back_leaves_one_copy(
         fetch_for(consumer, 100)  # a fetch or two reach the put-back
 
     assert copies_in_redis(broker, message.message_id) == 1
+
+
+def test_a_put_back_refused_by_a_demoted_primary_is_a_lost_connection(
+    broker: Any, redis_server: str, tmp_path: Path
+) -> None:
+    # A failover demoted the primary the worker still talks to. A single
+    # command's READONLY is a lost connection to redis-py's Sentinel client,
+    # which then asks the Sentinels again; inside EXEC it was a ReadOnlyError:
+    # the consumer thread ended on an unexpected error, connected to the replica.
+    replica = RedisServer(free_port(), tmp_path / "replica", appendonly=False).start()
+    try:
+        primary = urlsplit(redis_server)
+        redis.Redis.from_url(replica.url).replicaof(primary.hostname, primary.port)
+        demoted = WakeupRedisBroker(url=replica.url)
+        data = dramatiq.Message(
+            queue_name=QUEUE, actor_name=NEW_ACTOR, args=(), kwargs={}, options={}
+        ).encode()
+        with pytest.raises(ConnectionClosed):
+            demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
+    finally:
+        replica.stop()
