@@ -202,8 +202,14 @@ class LedgerOrderedConsumer(_RedisConsumer):
             ledger.record(unknown_actors.failure_event(message), durable=True)
             message.fail()
             self.nack(message)
-        except UNREACHABLE as exc:
-            # Nothing acked: the message comes back to a worker after Redis does.
+        except (ConnectionClosed, *UNREACHABLE) as exc:
+            # Nothing acked (or, if the reply was lost, all of it): this thread's
+            # next consumer hands the message back (jobs.broker.strays; a no-op
+            # for one acked). Left alone it waited in this live worker's ack set
+            # until the process stopped.
+            self.memory.left.add(message.options["redis_message_id"])
+            if isinstance(exc, ConnectionClosed):
+                raise
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _slot_taken(self, message: dramatiq.MessageProxy) -> bool:

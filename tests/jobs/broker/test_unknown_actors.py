@@ -166,3 +166,26 @@ def test_a_put_back_refused_by_a_demoted_primary_is_a_lost_connection(
             demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
     finally:
         replica.stop()
+
+
+def test_a_put_back_redis_did_not_take_is_handed_back_by_the_next_consumer(
+    broker: Any, deploy: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Redis went away as the put-back was sent (the fault injected at the
+    # broker's edge). Before, the fetched message stayed in this live worker's
+    # ack set until the process stopped: nobody ran it, nobody put it back.
+    def unreachable(*args: Any) -> None:
+        raise ConnectionClosed(redis.ConnectionError("Connection refused"))  # type: ignore[no-untyped-call]
+
+    message = new_version_message(broker)
+    monkeypatch.setattr(broker, "_enqueue_replacing", unreachable)
+    consumer = broker.consume(QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
+    with pytest.raises(ConnectionClosed):
+        fetch_for(consumer, 100)
+
+    # Redis is back: Dramatiq's consumer thread starts a new consumer
+    monkeypatch.undo()
+    next(broker.consume(QUEUE, prefetch=1, timeout=IDLE_POLL_MS))
+    acks = f"{broker.namespace}:__acks__.{broker.broker_id}.{QUEUE}"
+    assert broker.client.smembers(acks) == set()
+    assert copies_in_redis(broker, message.message_id) == 1  # put back, once
