@@ -202,11 +202,12 @@ class LedgerOrderedConsumer(_RedisConsumer):
             ledger.record(unknown_actors.failure_event(message), durable=True)
             message.fail()
             self.nack(message)
-        except (ConnectionClosed, *UNREACHABLE) as exc:
+        except (ConnectionClosed, redis.RedisError) as exc:
             # Nothing acked (or, if the reply was lost, all of it): this thread's
             # next consumer hands the message back (jobs.broker.strays; a no-op
             # for one acked). Left alone it waited in this live worker's ack set
-            # until the process stopped.
+            # until the process stopped. Any refusal, not only a lost Redis: a
+            # full one (OOM), a read-only replica.
             self.memory.left.add(message.options["redis_message_id"])
             if isinstance(exc, ConnectionClosed):
                 raise

@@ -315,8 +315,10 @@ class WakeupRedisBroker(QuietHooks, HeldAcks, RedisBroker):
             # A primary demoted to a replica answers READONLY inside EXEC's
             # reply, where redis-py's Sentinel connection does not turn it into
             # a lost connection (as it does a single command's): drop the pool's
-            # connections, so the next command asks the Sentinels again.
-            self.client.connection_pool.disconnect()
+            # idle connections, so the next command asks the Sentinels again.
+            # Not those in use: other threads' commands in flight would fail
+            # with errors no caller reads as a lost connection.
+            self.client.connection_pool.disconnect(inuse_connections=False)
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
 
     def _pack_enqueue(self) -> PackedEnqueue:

@@ -101,6 +101,47 @@ def _kept_actors_key(namespace: str) -> str:
     return f"{intake_key(namespace)}.actors"
 
 
+# KEYS: intake, set of actors with kept entries; ARGV: namespace. Drops the
+# kept entries whose message Redis no longer holds (it ran, or was put back as
+# a new copy with its own entry): a list no process knowing its actor reads
+# (the actor removed, a rollback) would otherwise only grow.
+_PRUNE_KEPT = """
+local dropped = 0
+for _, name in ipairs(redis.call("smembers", KEYS[2])) do
+    local kept = KEYS[1] .. ".actor." .. name
+    local live = {}
+    for _, entry in ipairs(redis.call("lrange", kept, 0, -1)) do
+        local queue, redis_id = string.match(entry, "^([^\\n]*)\\n(.*)$")
+        if queue and redis.call("hexists", ARGV[1] .. ":" .. queue .. ".msgs", redis_id) == 1 then
+            live[#live + 1] = entry
+        else
+            dropped = dropped + 1
+        end
+    end
+    redis.call("del", kept)
+    for first = 1, #live, 1000 do
+        redis.call("rpush", kept, unpack(live, first, math.min(first + 999, #live)))
+    end
+    if #live == 0 then
+        redis.call("srem", KEYS[2], name)
+    end
+end
+return dropped
+"""
+# Seconds between a drainer's prunes of the kept entries.
+PRUNE_KEPT_INTERVAL = 60.0
+
+
+def prune_kept(broker: Any) -> int:
+    """Drop kept entries whose message is gone (``_PRUNE_KEPT``); how many."""
+    key = intake_key(broker.namespace)
+    return int(
+        broker.client.eval(
+            _PRUNE_KEPT, 2, key, _kept_actors_key(broker.namespace), broker.namespace
+        )
+    )
+
+
 def _present(broker: Any) -> int:
     """The intake's length, once the entries kept for actors this process
     knows are back on it: one round trip when none are kept."""
@@ -158,6 +199,9 @@ def _events(broker: Any, entries: list[bytes]) -> tuple[list[Event], list[str | 
             try:
                 message = dramatiq.Message.decode(data)
                 if message.actor_name not in broker.actors:
+                    # A name that is not text (a foreign sender's) would fail
+                    # the whole trim, every drain: dropped as undecodable.
+                    message.actor_name.encode()
                     kept += [message.actor_name, entry]
                     continue
                 events.append(enqueue_event(broker, message, delayed=delayed))
@@ -184,8 +228,14 @@ def peek(message_id: str, broker: Any = None) -> dramatiq.Message[Any] | None:
     if not getattr(broker, "ledger_intake", False) or recently_unreachable():
         return None
     try:
-        _present(broker)  # entries kept for actors this process knows: back on the intake
-        entries = broker.client.lrange(intake_key(broker.namespace), 0, PEEK_LIMIT - 1)
+        # The intake, then the entries kept aside for other processes: read
+        # only (a reader may be any process, and Redis may refuse writes).
+        key = intake_key(broker.namespace)
+        actors = broker.client.smembers(_kept_actors_key(broker.namespace))
+        pipe = broker.client.pipeline(transaction=False)
+        for list_key in [key, *(f"{key}.actor.{name.decode()}" for name in actors)]:
+            pipe.lrange(list_key, 0, PEEK_LIMIT - 1)
+        entries = [entry for listed in pipe.execute() for entry in listed]
         by_queue: dict[str, list[str]] = {}
         for entry in entries:
             queue_name, _, redis_id = entry.decode().partition("\n")
@@ -331,6 +381,7 @@ class Drainer:
 
     def _run(self) -> None:
         failures = 0
+        next_prune = time.monotonic() + PRUNE_KEPT_INTERVAL
         while True:
             # As often as the process's own batches (read each time: tests change it).
             interval = jobs_settings.JOBS_LEDGER_FLUSH_MS / 1000 or self.IDLE_INTERVAL
@@ -342,6 +393,9 @@ class Drainer:
                 while drain(self.broker, deadline=time.monotonic() + interval) is False:
                     if self.stopping.wait(0.01):
                         return
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + PRUNE_KEPT_INTERVAL
+                    prune_kept(self.broker)
                 failures = 0
             except Exception:
                 failures += 1

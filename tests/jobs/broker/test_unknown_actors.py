@@ -7,6 +7,8 @@ while the old worker runs, as a new worker process would have it.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,17 +170,31 @@ def test_a_put_back_refused_by_a_demoted_primary_is_a_lost_connection(
         replica.stop()
 
 
+@pytest.mark.parametrize("refusal", ["unreachable", "out of memory"])
 def test_a_put_back_redis_did_not_take_is_handed_back_by_the_next_consumer(
-    broker: Any, deploy: None, monkeypatch: pytest.MonkeyPatch
+    broker: Any, deploy: None, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
     # Redis went away as the put-back was sent (the fault injected at the
-    # broker's edge). Before, the fetched message stayed in this live worker's
-    # ack set until the process stopped: nobody ran it, nobody put it back.
+    # broker's edge), or refused it (full: maxmemory set for the put-back only).
+    # Before, the fetched message stayed in this live worker's ack set until the
+    # process stopped: nobody ran it, nobody put it back.
+    put_back = broker._enqueue_replacing
+
     def unreachable(*args: Any) -> None:
         raise ConnectionClosed(redis.ConnectionError("Connection refused"))  # type: ignore[no-untyped-call]
 
+    def full(*args: Any) -> None:
+        before = broker.client.config_get("maxmemory")["maxmemory"]
+        broker.client.config_set("maxmemory", 1)
+        try:
+            put_back(*args)
+        finally:
+            broker.client.config_set("maxmemory", before)
+
     message = new_version_message(broker)
-    monkeypatch.setattr(broker, "_enqueue_replacing", unreachable)
+    monkeypatch.setattr(
+        broker, "_enqueue_replacing", full if refusal == "out of memory" else unreachable
+    )
     consumer = broker.consume(QUEUE, prefetch=1, timeout=IDLE_POLL_MS)
     with pytest.raises(ConnectionClosed):
         fetch_for(consumer, 100)
@@ -189,3 +205,37 @@ def test_a_put_back_redis_did_not_take_is_handed_back_by_the_next_consumer(
     acks = f"{broker.namespace}:__acks__.{broker.broker_id}.{QUEUE}"
     assert broker.client.smembers(acks) == set()
     assert copies_in_redis(broker, message.message_id) == 1  # put back, once
+
+
+def test_a_demoted_primarys_refusal_leaves_other_threads_commands_alone(
+    broker: Any, redis_server: str, tmp_path: Path
+) -> None:
+    # Dropping the pool's connections in use broke other threads' commands in
+    # flight ("I/O operation on closed file"), which no caller reads as a lost
+    # connection: only the idle ones are dropped.
+    replica = RedisServer(free_port(), tmp_path / "replica", appendonly=False).start()
+    try:
+        primary = urlsplit(redis_server)
+        redis.Redis.from_url(replica.url).replicaof(primary.hostname, primary.port)
+        demoted = WakeupRedisBroker(url=replica.url)
+        outcome: list[object] = []
+
+        def wait_on_the_replica() -> None:
+            try:
+                # A blocking read (a replica refuses BLPOP, a write)
+                outcome.append(demoted.client.xread({"nothing-comes": "$"}, block=1000))
+            except Exception as exc:
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=wait_on_the_replica)
+        waiter.start()
+        time.sleep(0.2)  # blocked in its XREAD
+        data = dramatiq.Message(
+            queue_name=QUEUE, actor_name=NEW_ACTOR, args=(), kwargs={}, options={}
+        ).encode()
+        with pytest.raises(ConnectionClosed):
+            demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
+        waiter.join(timeout=5)
+        assert outcome in ([[]], [None], [{}])  # its XREAD timed out as asked
+    finally:
+        replica.stop()

@@ -254,6 +254,7 @@ def test_an_entry_of_an_actor_this_process_does_not_know_is_kept_for_one_that_do
     assert entries(broker) == []
     assert intake.waiting(broker) == 1  # still counted as not written (metrics)
     assert intake.drain(broker) is True  # nothing to read
+    assert intake.peek(unknown.message_id) is not None  # a reader still finds it
 
     # And a process that knows the actor writes it
     @dramatiq.actor(actor_name="added_in_next_release", queue_name=QUEUE)
@@ -313,3 +314,54 @@ def test_a_stalled_redis_costs_a_reader_its_timeout_not_the_socket_timeout(
         server.close()
     assert first < 3, first
     assert second < 0.1, second
+
+
+def test_an_entry_kept_aside_whose_message_is_gone_is_dropped(broker: dramatiq.Broker) -> None:
+    # Kept aside by a process that does not know the actor, its message then
+    # ran (or was put back as a new copy, or dead-lettered) and no process that
+    # knows the actor exists any more (a rollback): nobody would read the list.
+    unknown = broker.enqueue(
+        dramatiq.Message(
+            queue_name=QUEUE, actor_name="rolled_back_actor", args=(1,), kwargs={}, options={}
+        ),
+        delay=3_600_000,
+    )
+    still_waiting = broker.enqueue(
+        dramatiq.Message(
+            queue_name=QUEUE, actor_name="rolled_back_actor", args=(2,), kwargs={}, options={}
+        ),
+        delay=3_600_000,
+    )
+    assert intake.catch_up()
+    assert intake.waiting(broker) == 2
+    broker.client.hdel(  # type: ignore[attr-defined]
+        f"{broker.namespace}:{QUEUE}.DQ.msgs",  # type: ignore[attr-defined]
+        unknown.options["redis_message_id"],
+    )
+
+    assert intake.prune_kept(broker) == 1
+    assert intake.waiting(broker) == 1
+    assert intake.peek(still_waiting.message_id) is not None
+    broker.client.hdel(  # type: ignore[attr-defined]
+        f"{broker.namespace}:{QUEUE}.DQ.msgs",  # type: ignore[attr-defined]
+        still_waiting.options["redis_message_id"],
+    )
+    assert intake.prune_kept(broker) == 1
+    assert intake.waiting(broker) == 0
+    key = f"{intake.intake_key(broker.namespace)}.actors"  # type: ignore[attr-defined]
+    assert not broker.client.exists(key)  # type: ignore[attr-defined]
+
+
+def test_a_message_whose_actor_name_is_not_text_does_not_stop_the_intake(
+    broker: dramatiq.Broker,
+) -> None:
+    # A foreign sender's message with a null actor name: kept aside, its name
+    # failed the whole trim, so no later job of the batch ever got its row.
+    broker.enqueue(
+        dramatiq.Message(queue_name=QUEUE, actor_name=None, args=(), kwargs={}, options={})  # type: ignore[arg-type]
+    )
+    known = greet.send(12)
+
+    assert intake.catch_up()
+    assert Job.objects.filter(message_id=known.message_id).exists()
+    assert entries(broker) == []
