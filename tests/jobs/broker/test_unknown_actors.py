@@ -149,25 +149,35 @@ def test_a_worker_killed_right_after_a_put_back_leaves_one_copy(
     assert copies_in_redis(broker, message.message_id) == 1
 
 
-def test_a_put_back_refused_by_a_demoted_primary_is_a_lost_connection(
-    broker: Any, redis_server: str, tmp_path: Path
-) -> None:
-    # A failover demoted the primary the worker still talks to. A single
-    # command's READONLY is a lost connection to redis-py's Sentinel client,
-    # which then asks the Sentinels again; inside EXEC it was a ReadOnlyError:
-    # the consumer thread ended on an unexpected error, connected to the replica.
+@pytest.fixture
+def demoted(redis_server: str, tmp_path: Path) -> Iterator[WakeupRedisBroker]:
+    """A broker talking to a primary a failover demoted: a replica of the
+    session's Redis."""
     replica = RedisServer(free_port(), tmp_path / "replica", appendonly=False).start()
     try:
         primary = urlsplit(redis_server)
         redis.Redis.from_url(replica.url).replicaof(primary.hostname, primary.port)
-        demoted = WakeupRedisBroker(url=replica.url)
-        data = dramatiq.Message(
-            queue_name=QUEUE, actor_name=NEW_ACTOR, args=(), kwargs={}, options={}
-        ).encode()
-        with pytest.raises(ConnectionClosed):
-            demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
+        yield WakeupRedisBroker(url=replica.url)
     finally:
         replica.stop()
+
+
+def put_back_to(demoted: WakeupRedisBroker) -> None:
+    data = dramatiq.Message(
+        queue_name=QUEUE, actor_name=NEW_ACTOR, args=(), kwargs={}, options={}
+    ).encode()
+    demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
+
+
+def test_a_put_back_refused_by_a_demoted_primary_is_a_lost_connection(
+    demoted: WakeupRedisBroker,
+) -> None:
+    # A single command's READONLY is a lost connection to redis-py's Sentinel
+    # client, which then asks the Sentinels again; inside EXEC it was a
+    # ReadOnlyError: the consumer thread ended on an unexpected error,
+    # connected to the replica.
+    with pytest.raises(ConnectionClosed):
+        put_back_to(demoted)
 
 
 @pytest.mark.parametrize("refusal", ["unreachable", "out of memory"])
@@ -208,34 +218,24 @@ def test_a_put_back_redis_did_not_take_is_handed_back_by_the_next_consumer(
 
 
 def test_a_demoted_primarys_refusal_leaves_other_threads_commands_alone(
-    broker: Any, redis_server: str, tmp_path: Path
+    demoted: WakeupRedisBroker,
 ) -> None:
     # Dropping the pool's connections in use broke other threads' commands in
     # flight ("I/O operation on closed file"), which no caller reads as a lost
     # connection: only the idle ones are dropped.
-    replica = RedisServer(free_port(), tmp_path / "replica", appendonly=False).start()
-    try:
-        primary = urlsplit(redis_server)
-        redis.Redis.from_url(replica.url).replicaof(primary.hostname, primary.port)
-        demoted = WakeupRedisBroker(url=replica.url)
-        outcome: list[object] = []
+    outcome: list[object] = []
 
-        def wait_on_the_replica() -> None:
-            try:
-                # A blocking read (a replica refuses BLPOP, a write)
-                outcome.append(demoted.client.xread({"nothing-comes": "$"}, block=1000))
-            except Exception as exc:
-                outcome.append(exc)
+    def wait_on_the_replica() -> None:
+        try:
+            # A blocking read (a replica refuses BLPOP, a write)
+            outcome.append(demoted.client.xread({"nothing-comes": "$"}, block=1000))
+        except Exception as exc:
+            outcome.append(exc)
 
-        waiter = threading.Thread(target=wait_on_the_replica)
-        waiter.start()
-        time.sleep(0.2)  # blocked in its XREAD
-        data = dramatiq.Message(
-            queue_name=QUEUE, actor_name=NEW_ACTOR, args=(), kwargs={}, options={}
-        ).encode()
-        with pytest.raises(ConnectionClosed):
-            demoted._enqueue_replacing(dq_name(QUEUE), "copy", data, False, (QUEUE, "fetched"))
-        waiter.join(timeout=5)
-        assert outcome in ([[]], [None], [{}])  # its XREAD timed out as asked
-    finally:
-        replica.stop()
+    waiter = threading.Thread(target=wait_on_the_replica)
+    waiter.start()
+    time.sleep(0.2)  # blocked in its XREAD
+    with pytest.raises(ConnectionClosed):
+        put_back_to(demoted)
+    waiter.join(timeout=5)
+    assert outcome in ([[]], [None], [{}])  # its XREAD timed out as asked
