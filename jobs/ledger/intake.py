@@ -73,20 +73,30 @@ return 1
 """
 # KEYS: intake, set of actors with kept entries; ARGV: actors this process
 # knows. Moves their kept entries back onto the intake; returns how many.
-_ADOPT = """
+# Lua: push every element of a table onto a list, a thousand per RPUSH
+# (unpack's stack limit).
+_PUSH_ALL = """
+local function push_all(list, entries)
+    for first = 1, #entries, 1000 do
+        redis.call("rpush", list, unpack(entries, first, math.min(first + 999, #entries)))
+    end
+end
+"""
+_ADOPT = (
+    _PUSH_ALL
+    + """
 local moved = 0
 for i = 1, #ARGV do
     local kept = KEYS[1] .. ".actor." .. ARGV[i]
     local entries = redis.call("lrange", kept, 0, -1)
-    for first = 1, #entries, 1000 do  -- unpack's stack limit
-        redis.call("rpush", KEYS[1], unpack(entries, first, math.min(first + 999, #entries)))
-    end
+    push_all(KEYS[1], entries)
     moved = moved + #entries
     redis.call("del", kept)
     redis.call("srem", KEYS[2], ARGV[i])
 end
 return moved
 """
+)
 _RELEASE = """
 if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) end
 return 0
@@ -101,11 +111,19 @@ def _kept_actors_key(namespace: str) -> str:
     return f"{intake_key(namespace)}.actors"
 
 
+def _kept_key(namespace: str, actor: str | bytes) -> str:
+    """The list of entries kept for ``actor`` (``_TRIM`` builds the same name)."""
+    name = actor.decode() if isinstance(actor, bytes) else actor
+    return f"{intake_key(namespace)}.actor.{name}"
+
+
 # KEYS: intake, set of actors with kept entries; ARGV: namespace. Drops the
 # kept entries whose message Redis no longer holds (it ran, or was put back as
 # a new copy with its own entry): a list no process knowing its actor reads
 # (the actor removed, a rollback) would otherwise only grow.
-_PRUNE_KEPT = """
+_PRUNE_KEPT = (
+    _PUSH_ALL
+    + """
 local dropped = 0
 for _, name in ipairs(redis.call("smembers", KEYS[2])) do
     local kept = KEYS[1] .. ".actor." .. name
@@ -119,15 +137,14 @@ for _, name in ipairs(redis.call("smembers", KEYS[2])) do
         end
     end
     redis.call("del", kept)
-    for first = 1, #live, 1000 do
-        redis.call("rpush", kept, unpack(live, first, math.min(first + 999, #live)))
-    end
+    push_all(kept, live)
     if #live == 0 then
         redis.call("srem", KEYS[2], name)
     end
 end
 return dropped
 """
+)
 # Seconds between a drainer's prunes of the kept entries.
 PRUNE_KEPT_INTERVAL = 60.0
 
@@ -165,7 +182,7 @@ def waiting(broker: Any) -> int:
     pipe = client.pipeline(transaction=False)
     pipe.llen(key)
     for name in actors:
-        pipe.llen(f"{key}.actor.{name}")
+        pipe.llen(_kept_key(broker.namespace, name))
     return sum(int(n) for n in pipe.execute())
 
 
@@ -233,7 +250,7 @@ def peek(message_id: str, broker: Any = None) -> dramatiq.Message[Any] | None:
         key = intake_key(broker.namespace)
         actors = broker.client.smembers(_kept_actors_key(broker.namespace))
         pipe = broker.client.pipeline(transaction=False)
-        for list_key in [key, *(f"{key}.actor.{name.decode()}" for name in actors)]:
+        for list_key in [key, *(_kept_key(broker.namespace, name) for name in actors)]:
             pipe.lrange(list_key, 0, PEEK_LIMIT - 1)
         entries = [entry for listed in pipe.execute() for entry in listed]
         by_queue: dict[str, list[str]] = {}
