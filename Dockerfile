@@ -1,8 +1,8 @@
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
-COPY pyproject.toml README.md ./
-RUN pip install --no-cache-dir ".[project,postgres]"
+COPY pyproject.toml README.md constraints.txt ./
+RUN pip install --no-cache-dir -c constraints.txt ".[project,postgres]"
 COPY . .
 # collectstatic needs settings but no real secret or services.
 RUN DJANGO_DEBUG=0 DJANGO_SECRET_KEY=collectstatic-only-not-a-real-secret-value-0123456789 \

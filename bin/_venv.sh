@@ -1,6 +1,8 @@
 # Sourced by bin/dev and bin/test: make .venv hold what pyproject.toml asks for.
-# Reinstalls only when pyproject.toml changed since the last install.
-# VENV names the environment (bin/test-newest builds .venv-newest the same way).
+# Reinstalls only when pyproject.toml (or constraints.txt) changed since the last
+# install. VENV names the environment (bin/test-newest builds .venv-newest the
+# same way); CONSTRAINTS=none installs the newest releases pyproject.toml allows
+# instead of the versions pinned in constraints.txt.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
@@ -19,11 +21,14 @@ if ! "$VENV"/bin/python -m pip --version >/dev/null 2>&1; then
   rm -rf "$VENV"  # a half-made one (no pip) would otherwise stick
   "$PYTHON" -m venv "$VENV"
 fi
-stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)"
+CONSTRAINTS=${CONSTRAINTS:-constraints.txt}
+constraint_args=()
+[ "$CONSTRAINTS" = none ] || constraint_args=(-c "$CONSTRAINTS")
+stamp="$VENV/.installed-$(cat pyproject.toml "${constraint_args[@]:1}" | sha1sum | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
-  echo "==> installing dependencies into $VENV (pyproject.toml changed)"
+  echo "==> installing dependencies into $VENV (pyproject.toml or ${CONSTRAINTS} changed)"
   "$VENV"/bin/python -m pip install --quiet --upgrade pip
-  "$VENV"/bin/python -m pip install --quiet -e ".[project,local,test,dev]"
+  "$VENV"/bin/python -m pip install --quiet "${constraint_args[@]}" -e ".[project,local,test,dev]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -25,12 +25,12 @@ def master_client(
     parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
     options = {k: v for k, v in parsed.items() if k not in ("host", "port", "path")}
     options.update(overrides)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         sentinels,
         sentinel_kwargs={
             "socket_timeout": SENTINEL_SOCKET_TIMEOUT_S,
             "socket_connect_timeout": SENTINEL_SOCKET_TIMEOUT_S,
         },
     )
-    client: redis.Redis = sentinel.master_for(master, **options)  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(master, **options)
     return client
