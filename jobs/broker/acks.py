@@ -163,8 +163,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         self.room = room.Room()
         self.work_queue = room.work_queue_of(threading.current_thread())
         # Slots taken for jobs still in the fetch cache (``_slot_taken``).
-        self.slot_outcomes: dict[str, tuple[int, float | None]] = {}
-        self.slot_keys: dict[str, str] = {}
+        self.slots_taken: dict[str, slots.Decided] = {}
         self.parked_by_fetch = 0  # jobs the last fetch parked (``note_fetched_slots``)
 
     def __next__(self) -> dramatiq.MessageProxy | None:
@@ -219,9 +218,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
         taken. Then the job is parked in Redis, out of this worker's ack set,
         and started when a slot frees. The slots of every keyed job in the
         fetched batch are asked for at once."""
-        outcome = self.slot_outcomes.pop(message.message_id, None)
-        key = self.slot_keys.pop(message.message_id, None)
-        if outcome is None:
+        decided = self.slots_taken.pop(message.message_id, None)
+        if decided is not None:
+            outcome, key = (decided.outcome, decided.waited), decided.key
+        else:
             keyed = concurrency_keys.key_of(message)
             if keyed is None:
                 return True
@@ -259,8 +259,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         self.parked_by_fetch = 0
         for job in slots.decided(info):
             if job.outcome == slots.TAKEN:
-                self.slot_outcomes[job.message_id] = (job.outcome, job.waited)
-                self.slot_keys[job.message_id] = job.key
+                self.slots_taken[job.message_id] = job
             else:
                 self.parked_by_fetch += 1
                 self._parked(job.key, job.actor_name)
@@ -287,7 +286,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             except DecodeError:
                 continue  # Dramatiq's own __next__ reports it when it gets there
             other_keyed = concurrency_keys.key_of(other)
-            if other_keyed is not None and other.message_id not in self.slot_outcomes:
+            if other_keyed is not None and other.message_id not in self.slots_taken:
                 wanted.append(
                     slots.Wanted(
                         *other_keyed,
@@ -309,8 +308,9 @@ class LedgerOrderedConsumer(_RedisConsumer):
         parked = set()
         for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
             if outcome[0] == slots.TAKEN:
-                self.slot_outcomes[job.message_id] = outcome
-                self.slot_keys[job.message_id] = job.key
+                self.slots_taken[job.message_id] = slots.Decided(
+                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name
+                )
             else:
                 parked.add(id(data))
                 if outcome[0] == slots.PARKED_NOW:
@@ -382,11 +382,13 @@ class LedgerOrderedConsumer(_RedisConsumer):
         again when fetched."""
         held = []
         for message in messages:
-            self.slot_outcomes.pop(message.message_id, None)
-            self.slot_keys.pop(message.message_id, None)
+            self.slots_taken.pop(message.message_id, None)
             slot = concurrency_keys.held_slot(message)
             if slot is not None:
                 held.append(slot)
+        self._free(held)
+
+    def _free(self, held: list[slots.Held]) -> None:
         if not held:
             return
         try:
@@ -486,6 +488,23 @@ class LedgerOrderedConsumer(_RedisConsumer):
             # Redis is away: this thread's next consumer hands them back.
             self.memory.left.update(m.options["redis_message_id"] for m in fetched)
             raise
+        self._free_undecoded_slots()
+
+    def _free_undecoded_slots(self) -> None:
+        """Slots the fetch took for jobs that never came out of this consumer:
+        payloads Redis's cjson read and Python's decoder refused (Dramatiq's
+        ``__next__`` raised, which closes the consumer). Nobody here will run
+        them; their slots would otherwise stay taken by a live worker."""
+        left, self.slots_taken = self.slots_taken, {}
+        held = [
+            slots.Held(
+                job.key, job.message_id, concurrency_keys.limit_of(job.actor_name, job.key), ""
+            )
+            for job in left.values()
+        ]
+        if held:
+            logger.warning("Freed %d slot(s) of job(s) this worker could not decode", len(held))
+        self._free(held)
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)

@@ -270,6 +270,15 @@ def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.H
     return slots.Held(key, message.message_id, limit, redis_id)
 
 
+def limit_of(actor_name: str, key: str) -> int:
+    """The limit of ``key`` now for ``actor_name``'s jobs (1 for an actor not
+    declared here, the smallest a release may unpark under)."""
+    declaration = _declared.get(actor_name)
+    if declaration is None:
+        return 1
+    return limits.effective(declaration.template, key, declaration.limit)
+
+
 def template_of(actor_name: str) -> str:
     """The key template ``actor_name`` declares ("" for none)."""
     declaration = _declared.get(actor_name)
