@@ -74,10 +74,12 @@ their queues as plain messages, a key at a time in turn order, a thousand jobs
 per Redis call. Needed only before rolling back to a release without fair
 queueing, whose workers do not read key lists: first run every process with
 JOBS_FAIR_QUEUEING = False, so that none sends into them any more. A name no
-actor declares is an error that lists the known queues.
+actor declares is an error that lists the known queues; --all takes every
+queue that has key lists in Redis, including one no actor declares any more.
 
 examples:
-  manage.py jobs unwind-fair reports""",
+  manage.py jobs unwind-fair reports
+  manage.py jobs unwind-fair --all""",
     "pause": """\
 Pause queues: workers leave their messages waiting (put back with a delay)
 until the queue is resumed. Takes effect within JOBS_CONTROL_REFRESH_MS.
@@ -228,8 +230,15 @@ def add_subcommands(parser: CommandParser) -> None:
         help="at most this many (default: %(default)s)",
     )
     trail.add_argument("--job", metavar="MESSAGE_ID", help="only the entries naming this job")
-    add("unwind-fair", "move fair queues' jobs back into their queues' lists").add_argument(
-        "queues", nargs="+", metavar="QUEUE", help="queue names, as 'jobs status' lists"
+    unwind = add("unwind-fair", "move fair queues' jobs back into their queues' lists")
+    unwind.add_argument(
+        "queues", nargs="*", metavar="QUEUE", help="queue names, as 'jobs status' lists"
+    )
+    unwind.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="every queue with fair key lists in Redis, declared by an actor or not",
     )
     for verb, summary in ((PAUSE, "pause queues"), (RESUME, "resume paused queues")):
         add(verb, summary).add_argument(

@@ -230,6 +230,17 @@ return moved
 UNWIND_CHUNK = 1_000
 
 
+def fair_queues(client: Any, namespace: str) -> list[str]:
+    """The queues with fair key lists in Redis (a SCAN of the namespace), named
+    or not by an actor of this release."""
+    prefix, found = f"{namespace}:", set()
+    for name in client.scan_iter(match=f"{prefix}*:fair", count=1_000):
+        queue_name = _text(name)[len(prefix) : -len(":fair")]
+        if queue_name and ":" not in queue_name:  # not a key list ending in ":fair"
+            found.add(queue_name)
+    return sorted(found)
+
+
 def unwind(client: Any, namespace: str, queue_name: str) -> int:
     """Move ``queue_name``'s fair jobs back into its list as plain messages,
     a key at a time in turn order (before a rollback to a release without fair
@@ -240,3 +251,7 @@ def unwind(client: Any, namespace: str, queue_name: str) -> int:
         moved += step
         if step < UNWIND_CHUNK:
             return moved
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -75,7 +75,7 @@ class Command(BaseCommand):
             elif subcommand == "schedules":
                 code = self.schedules(console, options)
             elif subcommand == "unwind-fair":
-                result = unwind_queues(options["queues"])
+                result = unwind_queues(options["queues"], every=options["every"])
                 console.result(result, unwind_text(result))
                 moved = sum(result["moved"].values())
                 audit(subcommand, target={"queues": result["queues"]}, count=moved, message_ids=[])

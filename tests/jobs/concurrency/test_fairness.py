@@ -280,6 +280,31 @@ def test_jobs_unwind_fair_moves_them_back_and_is_audited(broker: dramatiq.Broker
     assert sorted(started) == [("A", s) for s in range(3)]
 
 
+def test_jobs_unwind_fair_all_takes_every_queue_with_key_lists(broker: dramatiq.Broker) -> None:
+    from tests.jobs.management.test_jobs_command import jobs
+
+    # One declared fair queue, and one no actor declares any more (its keys
+    # renamed from the first): a rollback can leave both. A tenant whose key
+    # ends in ":fair" makes a key list the SCAN pattern also matches.
+    for seq, tenant in enumerate(["A", "B", "x:fair"]):
+        fair_visit.send(tenant, seq)
+    b = redis_broker()
+    for name in b.client.scan_iter(match=f"{b.namespace}:{FAIR}*"):
+        b.client.rename(name, name.replace(FAIR.encode(), b"gone-test", 1))
+    fair_visit.send("A", 3)
+    assert jobs("unwind-fair", "gone-test").code == 2  # by name: only declared queues
+    assert jobs("unwind-fair").code == 2  # neither names nor --all
+    done = jobs("unwind-fair", "--all")
+    assert done.code == 0, done.err
+    assert done.out.splitlines() == [
+        f"{FAIR}: 1 job(s) moved back into the queue's list.",
+        "gone-test: 3 job(s) moved back into the queue's list.",
+    ]
+    assert b.client.llen(f"{b.namespace}:gone-test") == 3
+    assert not b.client.keys(f"{b.namespace}:*:fair*")
+    assert jobs("unwind-fair", "--all").out.strip() == "No fair key lists: nothing to move."
+
+
 def test_with_fair_queueing_off_sends_are_plain_and_waiting_key_lists_still_run(
     broker: dramatiq.Broker, settings: Any
 ) -> None:
