@@ -396,8 +396,21 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 self.broker.client, self.broker.namespace, held, broker_id=self.broker.broker_id
             )
         except redis.RedisError:  # the jobs are handed back already: never raise here
-            # Freed by the verdict on this worker once it stops beating.
-            logger.warning("Slots of %d handed-back job(s) not freed", len(held))
+            self._free_later(held)
+
+    def _free_later(self, held: list[slots.Held]) -> None:
+        """Slots of jobs that will not run here, freed once Redis answers (by
+        the job-slots thread, ``jobs.middleware.concurrency``). Their holder is
+        this live worker: left alone, they stayed taken until it stopped."""
+        if not held:
+            return
+        for middleware in self.broker.middleware:
+            release_later = getattr(middleware, "release_later", None)
+            if release_later is not None and release_later(held):
+                return
+        # No job-slots thread (a stopping worker): the verdict on this worker
+        # frees them once it stops beating.
+        logger.warning("Slots of %d handed-back job(s) not freed", len(held))
 
     def _settled(self, message: dramatiq.MessageProxy) -> None:
         if self._delays:
@@ -485,12 +498,20 @@ class LedgerOrderedConsumer(_RedisConsumer):
             # (The wake-up consumer's requeue also wakes idle peers.)
             self.requeue(fetched)
         except ConnectionClosed:
-            # Redis is away: this thread's next consumer hands them back.
+            # Redis is away: this thread's next consumer hands them back, and
+            # their slots (and any the next paragraph frees) go once it answers.
             self.memory.left.update(m.options["redis_message_id"] for m in fetched)
+            handed_back = []
+            for message in fetched:
+                self.slots_taken.pop(message.message_id, None)
+                slot = concurrency_keys.held_slot(message)
+                if slot is not None:
+                    handed_back.append(slot)
+            self._free_later(handed_back + self._undecoded_slots())
             raise
-        self._free_undecoded_slots()
+        self._free(self._undecoded_slots())
 
-    def _free_undecoded_slots(self) -> None:
+    def _undecoded_slots(self) -> list[slots.Held]:
         """Slots the fetch took for jobs that never came out of this consumer:
         payloads Redis's cjson read and Python's decoder refused (Dramatiq's
         ``__next__`` raised, which closes the consumer). Nobody here will run
@@ -503,8 +524,8 @@ class LedgerOrderedConsumer(_RedisConsumer):
             for job in left.values()
         ]
         if held:
-            logger.warning("Freed %d slot(s) of job(s) this worker could not decode", len(held))
-        self._free(held)
+            logger.warning("Freeing %d slot(s) of job(s) this worker will not run", len(held))
+        return held
 
     def _held(self, message: dramatiq.MessageProxy, command: str) -> bool:
         held: HeldAck = (self, message, command)

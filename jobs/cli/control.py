@@ -49,19 +49,17 @@ def unwind_queues(names: list[str], *, every: bool = False) -> dict[str, Any]:
     """Move each queue's fair jobs back into its list (``fairness.unwind``);
     ``every``: each queue with key lists in Redis, declared here or not."""
     broker = redis_broker()
+    if not names and not every:
+        raise CommandError("name the queues, or --all", returncode=EXIT_USAGE)
+    known = set(queues.queue_names())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise CommandError(
+            f"unknown queue(s): {', '.join(unknown)}; known: {', '.join(sorted(known)) or 'none'}",
+            returncode=EXIT_USAGE,
+        )
     if every:
         names = [*names, *fairness.fair_queues(broker.client, broker.namespace)]
-    elif not names:
-        raise CommandError("name the queues, or --all", returncode=EXIT_USAGE)
-    else:
-        known = set(queues.queue_names())
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise CommandError(
-                f"unknown queue(s): {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known)) or 'none'}",
-                returncode=EXIT_USAGE,
-            )
     moved = {
         name: fairness.unwind(broker.client, broker.namespace, name)
         for name in dict.fromkeys(names)

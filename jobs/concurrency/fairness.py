@@ -200,6 +200,12 @@ local queue = KEYS[1] .. ":" .. ARGV[1]
 local fair = queue .. ":fair"
 local budget = tonumber(ARGV[2])
 local moved = 0
+-- Only a fair queue's counts: "<x>:fair" can also be another structure's
+-- name (the slots of a key "tenant:fair" are "__slots__.tenant:fair").
+if redis.call("exists", fair) == 1 and (redis.call("type", fair).ok ~= "hash"
+        or redis.call("hexists", fair, "jobs") == 0) then
+    return 0
+end
 while moved < budget do
     local key = redis.call("lindex", fair .. ":turns", 0)
     if not key then
@@ -234,9 +240,11 @@ def fair_queues(client: Any, namespace: str) -> list[str]:
     """The queues with fair key lists in Redis (a SCAN of the namespace), named
     or not by an actor of this release."""
     prefix, found = f"{namespace}:", set()
-    for name in client.scan_iter(match=f"{prefix}*:fair", count=1_000):
+    for name in client.scan_iter(match=f"{prefix}*:fair", count=1_000, _type="hash"):
         queue_name = _text(name)[len(prefix) : -len(":fair")]
-        if queue_name and ":" not in queue_name:  # not a key list ending in ":fair"
+        # Not a key list ending in ":fair" (a colon), nor our own structures
+        # for a key ending so ("__slots__.tenant:fair", also a hash).
+        if queue_name and ":" not in queue_name and not queue_name.startswith("__"):
             found.add(queue_name)
     return sorted(found)
 

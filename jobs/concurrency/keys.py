@@ -242,8 +242,13 @@ def fetch_args(queue_name: str) -> list[str | int]:
         return []
     args: list[str | int] = ["slots"]
     for name, declaration in queued:
-        args += [name, overrides.get(declaration.template, declaration.limit), declaration.template]
-    return args
+        # The fetch replies with the actor's name in a tab-separated string:
+        # an actor named otherwise (Dramatiq does not check names) is left to
+        # the consumer's ACQUIRE.
+        if name.isascii() and name.isprintable():
+            limit = overrides.get(declaration.template, declaration.limit)
+            args += [name, limit, declaration.template]
+    return args if len(args) > 1 else []
 
 
 # Attribute of a MessageProxy: the key its slot was taken under (remember_key).

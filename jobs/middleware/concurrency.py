@@ -101,7 +101,23 @@ class Concurrency(dramatiq.Middleware):
         if first:
             self._wake.set()
 
-    def after_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+    def release_later(self, held: list[slots.Held]) -> bool:
+        """Releases Redis refused elsewhere (a consumer handing jobs back), for
+        the job-slots thread to send until Redis takes them: the holder is this
+        live worker, so no verdict would free those slots. False without a
+        running thread (a worker shutting down)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return False
+        with self._lock:
+            self._pending.extend(held)
+        self._urgent.set()
+        self._wake.set()
+        return True
+
+    def before_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
+        # Before: the worker's consumer threads start during its boot, and one
+        # may hand this thread releases at once (``release_later``).
         if not hasattr(broker, "namespace"):
             return  # a stub broker (tests): no Redis
         self._stop.clear()

@@ -51,6 +51,21 @@ def tiered(tier: str, seconds: float) -> None:
     _ran(f"tier:{tier}", started)
 
 
+# Dramatiq does not check actor names; the fetch's reply carries keyed actors'
+# names in a tab-separated string.
+@dramatiq.actor(
+    actor_name="tabbed\tpack",
+    queue_name=QUEUE,
+    max_retries=0,
+    concurrency_key="tabbed:{order_id}",
+    concurrency_limit=1,
+)
+def tabbed(order_id: int, seconds: float) -> None:
+    started = time.monotonic()
+    time.sleep(seconds)
+    _ran(f"tabbed:{order_id}", started)
+
+
 def _count(histogram: Any) -> float:
     """Observations of a histogram child so far."""
     return float(sum(bucket.get() for bucket in histogram._buckets))

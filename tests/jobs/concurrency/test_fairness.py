@@ -14,7 +14,7 @@ import dramatiq
 import pytest
 
 from jobs.broker import queues, redis_broker, replication
-from jobs.concurrency import fairness
+from jobs.concurrency import fairness, slots
 from jobs.concurrency.keys import ConcurrencyKeyError
 from tests.conftest import join, wait_until
 
@@ -292,7 +292,15 @@ def test_jobs_unwind_fair_all_takes_every_queue_with_key_lists(broker: dramatiq.
     for name in b.client.scan_iter(match=f"{b.namespace}:{FAIR}*"):
         b.client.rename(name, name.replace(FAIR.encode(), b"gone-test", 1))
     fair_visit.send("A", 3)
+    # Concurrency slots and parked jobs of a key "tenant:fair" end in ":fair"
+    # too: they are no queue's, and must be left as they are.
+    slots_of = f"{b.namespace}:{slots.SLOTS}tenant:fair"
+    parked_on = f"{b.namespace}:{slots.PARKED}tenant:fair"
+    b.client.hset(slots_of, "m-1", "W:b:r-1")
+    b.client.rpush(parked_on, "q\nr-2\nm-2\n0")
+    assert fairness.unwind(b.client, b.namespace, slots.SLOTS + "tenant") == 0
     assert jobs("unwind-fair", "gone-test").code == 2  # by name: only declared queues
+    assert jobs("unwind-fair", "--all", "gone-test").code == 2
     assert jobs("unwind-fair").code == 2  # neither names nor --all
     done = jobs("unwind-fair", "--all")
     assert done.code == 0, done.err
@@ -301,7 +309,9 @@ def test_jobs_unwind_fair_all_takes_every_queue_with_key_lists(broker: dramatiq.
         "gone-test: 3 job(s) moved back into the queue's list.",
     ]
     assert b.client.llen(f"{b.namespace}:gone-test") == 3
-    assert not b.client.keys(f"{b.namespace}:*:fair*")
+    assert not b.client.keys(f"{b.namespace}:*-test:fair*")
+    assert b.client.hgetall(slots_of) == {b"m-1": b"W:b:r-1"}
+    assert b.client.llen(parked_on) == 1
     assert jobs("unwind-fair", "--all").out.strip() == "No fair key lists: nothing to move."
 
 

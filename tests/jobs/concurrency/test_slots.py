@@ -10,6 +10,7 @@ from typing import Any
 
 import dramatiq
 import pytest
+import redis
 from django.contrib.auth.models import User
 from django.test import Client
 
@@ -28,6 +29,7 @@ from tests.jobs.concurrency.actors import (
     report,
     runs,
     start_worker,
+    tabbed,
     tiered,
 )
 
@@ -343,6 +345,73 @@ def test_a_payload_the_worker_cannot_decode_leaves_no_slot_taken(
     assert not client.keys(f"{namespace}:{slots.SLOTS}*"), "a slot no job will free"
     pack.send(7, 0.0)
     wait_until(lambda: len(runs) == 1, timeout=10)
+
+
+def test_a_slot_redis_would_not_free_for_an_undecodable_job_is_freed_once_it_answers(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The closing consumer's release meets a Redis blip (the first call fails).
+    # Dropped, the slot stayed taken by this live worker for as long as it ran.
+    release, calls = slots.release, []
+
+    def flaky(*args: Any, **kwargs: Any) -> int:
+        calls.append(args)
+        if len(calls) == 1:
+            raise redis.ConnectionError("blip")
+        return release(*args, **kwargs)
+
+    monkeypatch.setattr(slots, "release", flaky)
+    message = pack.message(7, 0.0).copy(options={"redis_message_id": "odd-2"})
+    data = message.copy(options={slots.SEND_OPTION: "order:7"}).encode()
+    redis_broker().do_enqueue(QUEUE, "odd-2", data.replace(b'"args":[7,', b'"args":[0x7,'))
+    start_worker(workers, broker, threads=2)
+    pack.send(7, 0.0)
+    wait_until(lambda: len(runs) == 1, timeout=10)
+    assert len(calls) >= 2
+
+
+def test_slots_of_jobs_a_closing_consumer_could_not_hand_back_are_freed_once_redis_answers(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A job-slots thread to retry (a worker on another queue), and a consumer
+    # that fetched two keyed jobs and closes while Redis refuses the hand-back:
+    # the jobs wait for its thread's next consumer, their slots must not.
+    other = dramatiq.Worker(broker, queues={"idle-test"}, worker_timeout=50, worker_threads=1)
+    other.start()
+    workers.append(other)
+    pack.send(6, 0.0)
+    pack.send(60, 0.0)
+    b = redis_broker()
+    consumer = b.consume(QUEUE, prefetch=2, timeout=100)
+    first = next(consumer)
+    while first is None:
+        first = next(consumer)
+    cached = "order:60" if first.args[0] == 6 else "order:6"
+    assert slots.holders(b.client, b.namespace, cached), "the fetch took the cached job's slot"
+
+    def refused(*args: Any) -> None:
+        raise redis.ConnectionError("down")
+
+    monkeypatch.setattr(b, "do_requeue", refused)
+    with pytest.raises(dramatiq.errors.ConnectionClosed):
+        consumer.close()
+    monkeypatch.undo()
+    wait_until(lambda: not slots.holders(b.client, b.namespace, cached), timeout=5)
+
+
+def test_an_actor_whose_name_holds_a_tab_is_limited_as_any_other(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # Its name would split the fetch's tab-separated reply: it goes the
+    # consumer's ACQUIRE instead, under the same limit.
+    for _ in range(3):
+        tabbed.send(1, 0.1)
+    start_worker(workers, broker, threads=3)
+    join(QUEUE, timeout_ms=30_000)
+    wait_until(lambda: len(runs) == 3)
+    assert most_at_once("tabbed:1") == 1
+    client = redis_broker().client
+    wait_until(lambda: not client.keys("*__slot*"))
 
 
 def test_a_key_beyond_ascii_is_limited_as_any_other(
