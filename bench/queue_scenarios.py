@@ -567,6 +567,8 @@ def concurrency_key(context: Context) -> list[Row]:
                 0.95,
             )
         )
+        # Where a key's cost goes: the worker's Python or Redis's Lua.
+        rows.append(_cpu_row(f"CPU per job, key {processes}x8", keyed, plain, processes))
     return rows
 
 

@@ -427,3 +427,24 @@ def test_a_key_beyond_ascii_is_limited_as_any_other(
     assert most_at_once("tenant:café ☕") == 2
     client = redis_broker().client
     wait_until(lambda: not client.keys("*__slot*"))
+
+
+def test_a_release_frees_odd_keys_and_several_keys_at_once(broker: dramatiq.Broker) -> None:
+    # The release sends its jobs as one JSON argument: each key must reach
+    # Redis as the same bytes the fetch or ACQUIRE took its slot under.
+    namespace, client = redis_broker().namespace, redis_broker().client
+    odd = ["nul\x00key", "tab\tand\nnewline", 'quote"back\\slash', "emoji 😀 é", "k" * 300, "plain"]
+    wanted = [
+        slots.Wanted(key, limit, f"m{i}-{n}", f"r{i}-{n}")
+        for i, key in enumerate(odd)
+        for n, limit in enumerate((5, 5, 7))  # one key, two limits: two groups
+    ]
+    outcomes = slots.acquire(
+        client, namespace, wanted, broker_id="b", queue_name=QUEUE, timeout_ms=60_000
+    )
+    assert [taken for taken, _ in outcomes] == [slots.TAKEN] * len(wanted)
+    assert all(slots.holders(client, namespace, key) for key in odd)
+    held = [slots.Held(job.key, job.message_id, job.limit, job.redis_message_id) for job in wanted]
+    slots.release(client, namespace, held, broker_id="b")
+    assert {key: slots.holders(client, namespace, key) for key in odd} == {key: {} for key in odd}
+    assert not client.smembers(f"{namespace}:{slots.SLOT_KEYS}")
