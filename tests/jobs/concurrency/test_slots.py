@@ -448,3 +448,43 @@ def test_a_release_frees_odd_keys_and_several_keys_at_once(broker: dramatiq.Brok
     slots.release(client, namespace, held, broker_id="b")
     assert {key: slots.holders(client, namespace, key) for key in odd} == {key: {} for key in odd}
     assert not client.smembers(f"{namespace}:{slots.SLOT_KEYS}")
+
+
+def test_a_release_frees_a_slot_taken_under_a_numeric_message_id(broker: dramatiq.Broker) -> None:
+    # Dramatiq decodes a message id sent as a JSON number as a number, and the
+    # consumer's ACQUIRE takes its slot under redis-py's spelling of it. Sent as
+    # a JSON number to the release, cjson would read a double and spell 2**64 as
+    # 1.844674407371e+19: that slot stayed taken while its worker lived.
+    namespace, client = redis_broker().namespace, redis_broker().client
+    ids: list[Any] = [2**64, 2**53 + 1, 0.1, 1e5, "plain"]
+    wanted = [slots.Wanted(f"num:{i}", 1, message_id, f"r{i}") for i, message_id in enumerate(ids)]
+    slots.acquire(client, namespace, wanted, broker_id="b", queue_name=QUEUE, timeout_ms=60_000)
+    assert all(slots.holders(client, namespace, job.key) for job in wanted)
+    held = [slots.Held(job.key, job.message_id, job.limit, job.redis_message_id) for job in wanted]
+    slots.release(client, namespace, held, broker_id="b")
+    assert {job.key: slots.holders(client, namespace, job.key) for job in wanted} == {
+        job.key: {} for job in wanted
+    }
+
+
+def test_a_release_batch_with_two_limits_for_one_key_unparks_under_the_last(
+    broker: dramatiq.Broker,
+) -> None:
+    # Two templates can build the same key with different limits. A batch that
+    # frees four of a key's 7 slots, its jobs' limits 7, 5, 5, 7 in that order:
+    # the last (the most recent release) is the limit in force, so all four
+    # freed slots go to parked jobs and the sweep keeps handing out 7.
+    namespace, client = redis_broker().namespace, redis_broker().client
+    key, now = "shared:1", int(time.time() * 1000)
+    for i in range(7):
+        client.hset(f"{namespace}:__slots__.{key}", f"m{i}", f"W:b:r{i}")
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", key)
+    for i in range(7, 12):
+        client.hset(f"{namespace}:{QUEUE}.msgs", f"r{i}", b"{}")
+        client.rpush(f"{namespace}:__parked__.{key}", f"{QUEUE}\nr{i}\nm{i}\n{now}")
+    client.sadd(f"{namespace}:{slots.PARKED_KEYS}", key)
+    held = [slots.Held(key, f"m{i}", limit, f"r{i}") for i, limit in enumerate((7, 5, 5, 7))]
+    assert slots.release(client, namespace, held, broker_id="b") == 4
+    assert len(slots.holders(client, namespace, key)) == 7
+    assert slots.parked(client, namespace, key) == ["m11"]
+    assert client.hget(f"{namespace}:__slot_limits__", key) == b"7"
