@@ -320,19 +320,32 @@ def _latencies(
     latencies = []
     with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
         send(time.time())  # a first job shows the worker is up
-        if client.blpop([procs.STARTED_KEY], timeout=30) is None:
+        if _pop_started(client, timeout=30) is None:
             raise RuntimeError("the bench worker did not start within 30 s")
         time.sleep(1.0)  # idle: the stock consumer has backed off to its timeout
         for _ in range(count):
             # Random gaps meet the stock consumer at any point of its backoff.
             time.sleep(random.uniform(0.02, 0.3))
             send(time.time())
-            popped = client.blpop([procs.STARTED_KEY], timeout=10)
+            popped = _pop_started(client, timeout=10)
             if popped is None:
                 raise RuntimeError("latency probe job did not start within 10 s")
             sent_at, started = json.loads(popped[1])
             latencies.append((started - sent_at) * 1000)
     return latencies
+
+
+def _pop_started(client: Any, *, timeout: float) -> Any:
+    """The next start a probe job recorded (BLPOP's reply), None after
+    ``timeout`` seconds. Short BLPOPs: the broker's client gives up reading
+    after its socket timeout (JOBS_REDIS_SOCKET_TIMEOUT, under a second), and
+    a FIFO queue keeps tenant B waiting for seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        popped = client.blpop([procs.STARTED_KEY], timeout=0.25)
+        if popped is not None:
+            return popped
+    return None
 
 
 def _sender(broker: dramatiq.Broker) -> Callable[[float], Any]:
@@ -606,7 +619,7 @@ def _b_waits(
         env = procs.base_env(DATABASE_URL=database_url, **STACKS["ours"].env)
         with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
             actor.send("B", time.time())  # a first job shows the worker is up
-            if client.blpop([procs.STARTED_KEY], timeout=60) is None:
+            if _pop_started(client, timeout=60) is None:
                 raise RuntimeError("the bench worker did not start within 60 s")
             for _ in range(big):
                 actor.send("A")
@@ -614,7 +627,7 @@ def _b_waits(
                 actor.send("B", time.time())
             waits = []
             for _ in range(small):
-                popped = client.blpop([procs.STARTED_KEY], timeout=120)
+                popped = _pop_started(client, timeout=120)
                 if popped is None:
                     raise RuntimeError("tenant B's jobs did not all start within 120 s")
                 sent_at, started = json.loads(popped[1])
