@@ -264,18 +264,15 @@ def remember_key(message: dramatiq.MessageProxy, key: str | None) -> None:
 
 def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.Held | None:
     """The slot ``message``'s delivery holds (or would), to free; None without a key."""
-    # A MessageProxy hands each attribute on through __getattr__ (0.5 us a
-    # read, after every job): read the message it wraps.
-    inner = getattr(message, "_message", message)
-    declaration = _declared.get(inner.actor_name)
+    declaration = _declared.get(message.actor_name)
     if declaration is None:
         return None
     key = getattr(message, _KEY_ATTRIBUTE, None)
     if key is None:
         key = _key(message, declaration)
     limit = limits.effective(declaration.template, key, declaration.limit)
-    redis_id = inner.options.get("redis_message_id", "")
-    return slots.Held(key, inner.message_id, limit, redis_id)
+    redis_id = message.options.get("redis_message_id", "")
+    return slots.Held(key, message.message_id, limit, redis_id)
 
 
 def limit_of(actor_name: str, key: str) -> int:

@@ -487,20 +487,20 @@ class Held(NamedTuple):
 def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) -> int:
     """Free the slots of ``held``; the number of parked jobs started. The keys
     that had jobs parked are noted as waited for (``waited_for``)."""
+    jobs: dict[str, list[str]] = {}
     # One group per key, under the limit of its last job: the most recent
     # release, so the current limit (an override may change mid-batch).
-    groups: dict[str, tuple[int, list[str]]] = {}
+    limit: dict[str, int] = {}
     for slot in held:
-        jobs = groups[slot.key][1] if slot.key in groups else []
         # str(): Dramatiq decodes a message id that is a JSON number as one;
         # ACQUIRE took its slot under redis-py's spelling (repr, the same as
         # str), which a JSON number read by cjson would not keep.
-        jobs += (str(slot.message_id), str(slot.redis_message_id))
-        groups[slot.key] = (slot.limit, jobs)
+        jobs.setdefault(slot.key, []).extend((str(slot.message_id), str(slot.redis_message_id)))
+        limit[slot.key] = slot.limit
     # Either form reaches Lua as the UTF-8 bytes redis-py sends for the key
     # elsewhere (cjson decodes JSON's escapes); without escapes it is shorter.
     jobs_json = json.dumps(
-        [[key, limit, jobs] for key, (limit, jobs) in groups.items()], ensure_ascii=False
+        [[key, limit[key], ids] for key, ids in jobs.items()], ensure_ascii=False
     )
     args: list[str | int] = [broker_id, jobs_json]
     reply = RELEASE(client, [namespace], args)
