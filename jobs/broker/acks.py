@@ -543,6 +543,7 @@ class HeldAcks:
     broker_id: str
     client: Any  # redis.Redis, or the Sentinel master client
     scripts: dict[str, Any]
+    middleware: list[Any]
     # dispatch.lua's argument list, built by the broker (WakeupRedisBroker)
     _dispatch_args: Callable[..., list[Any]]
     _last_warning = 0.0
@@ -558,6 +559,7 @@ class HeldAcks:
                 self.client.script_load(self.scripts["dispatch"].script)
                 self.client.script_load(_GIVE_BACK.source)
                 self.client.script_load(_ACK_MANY.source)
+                self.client.script_load(slots.RELEASE.source)
                 self._dispatch_all(held)
         except UNREACHABLE as exc:
             now = time.monotonic()
@@ -600,4 +602,37 @@ class HeldAcks:
                 pipe.evalsha(
                     _ACK_MANY.sha, 1, self.namespace, now, self.broker_id, queue_name, *ids
                 )
-        pipe.execute()
+        # Slots of finished jobs ride along (``Concurrency.ride_along``): one
+        # round trip fewer for the job-slots thread.
+        carrier = self._release_carrier()
+        riders = carrier.ride_along() if carrier is not None else []
+        if riders:
+            args = slots.release_args(riders, broker_id=self.broker_id)
+            pipe.evalsha(slots.RELEASE.sha, 1, self.namespace, *args)
+        try:
+            # Each command's error in its place: a release Redis refused goes
+            # back to the job-slots thread; one it ran is not sent again (a
+            # second sending would free the slot its release just reserved for
+            # another copy of the same message).
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            if carrier is not None:
+                carrier.ride_back(riders)
+            raise
+        if carrier is not None and riders:
+            reply = replies.pop()
+            if isinstance(reply, Exception):
+                carrier.ride_back(riders)
+            else:
+                slots.released(reply)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+
+    def _release_carrier(self) -> Any:
+        """The middleware whose pending slot releases ride with the acks
+        (``jobs.middleware.concurrency``), or None."""
+        for middleware in self.middleware:
+            if hasattr(middleware, "ride_along"):
+                return middleware
+        return None

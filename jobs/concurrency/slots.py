@@ -487,6 +487,12 @@ class Held(NamedTuple):
 def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) -> int:
     """Free the slots of ``held``; the number of parked jobs started. The keys
     that had jobs parked are noted as waited for (``waited_for``)."""
+    return released(RELEASE(client, [namespace], release_args(held, broker_id=broker_id)))
+
+
+def release_args(held: list[Held], *, broker_id: str) -> list[str | int]:
+    """``RELEASE``'s ARGV for ``held`` (its KEYS: the namespace), for a caller
+    that sends it in a pipeline of its own (``jobs.broker.acks``)."""
     jobs: dict[str, list[str]] = {}
     # One group per key, under the limit of its last job: the most recent
     # release, so the current limit (an override may change mid-batch).
@@ -502,8 +508,12 @@ def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) ->
     jobs_json = json.dumps(
         [[key, limit[key], ids] for key, ids in jobs.items()], ensure_ascii=False
     )
-    args: list[str | int] = [broker_id, jobs_json]
-    reply = RELEASE(client, [namespace], args)
+    return [broker_id, jobs_json]
+
+
+def released(reply: list[Any]) -> int:
+    """``RELEASE``'s reply: the number of parked jobs it started; the keys that
+    had jobs parked are noted as waited for (``waited_for``)."""
     for key in reply[1:]:
         note_waited(_text(key))
     return int(reply[0])

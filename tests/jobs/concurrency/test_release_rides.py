@@ -1,0 +1,125 @@
+"""Slot releases that ride with the acks (``Concurrency.ride_along``): where
+acks wait for the job ledger, the writer's round trip carries the pending
+releases, and the job-slots thread leaves them to it while it goes often."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import dramatiq
+import pytest
+
+from jobs.broker import redis_broker
+from jobs.concurrency import slots
+from jobs.middleware import concurrency
+from tests.conftest import wait_until
+from tests.jobs.concurrency.actors import pack, runs, start_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _carrier(broker: dramatiq.Broker) -> concurrency.Concurrency:
+    return next(m for m in broker.middleware if isinstance(m, concurrency.Concurrency))
+
+
+def _idle_worker(broker: dramatiq.Broker, workers: list[dramatiq.Worker]) -> None:
+    """A worker on a queue nothing is sent to: a running job-slots thread."""
+    worker = dramatiq.Worker(broker, queues={"idle-test"}, worker_timeout=50, worker_threads=1)
+    worker.start()
+    workers.append(worker)
+
+
+def _take_slot(key: str, message_id: str) -> slots.Held:
+    b = redis_broker()
+    wanted = slots.Wanted(key, 1, message_id, f"r-{message_id}")
+    outcomes = slots.acquire(
+        b.client, b.namespace, [wanted], broker_id=b.broker_id, queue_name="q", timeout_ms=60_000
+    )
+    assert outcomes == [(slots.TAKEN, None)]
+    return slots.Held(key, message_id, 1, f"r-{message_id}")
+
+
+def test_a_finished_jobs_slot_goes_with_its_ack(
+    broker: dramatiq.Broker,
+    workers: list[dramatiq.Worker],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Acks held for the ledger's batch (the shipped 200 ms; tests/conftest.py
+    # writes each event at once, which sends each ack at once). The thread's own
+    # gathering is 5 s here: only the acks' round trip can free the slot sooner.
+    settings.JOBS_LEDGER_FLUSH_MS = 200
+    monkeypatch.setattr(concurrency, "LAZY_GATHER", 5.0)
+    b = redis_broker()
+    start_worker(workers, broker, threads=2)
+    pack.send(1, 0.0)
+    wait_until(lambda: len(runs) == 1)
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:1"), timeout=2.0)
+    assert _carrier(broker)._last_ride > 0, "freed, but not by a ride with the acks"
+
+
+def test_a_ride_redis_refused_is_sent_by_the_thread_and_only_once(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # A Redis that lost its scripts (restarted, promoted) answers the ride's
+    # EVALSHA with NOSCRIPT: the acks' retry must not drop the releases it
+    # took, and a release Redis ran is not sent again.
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    held = _take_slot("order:7", "m7")
+    with carrier._lock:  # pending, without waking the thread (its gathering is 20 ms)
+        carrier._pending.append(held)
+    b.client.script_flush()
+    assert b.send_held_acks([]) == []
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:7"), timeout=2.0)
+    assert not carrier._pending
+
+    # Ran once: a second copy of the same message, parked behind the first
+    # and handed the slot by its release, keeps its reservation.
+    held = _take_slot("order:8", "m8")
+    again = slots.Wanted("order:8", 1, "m8", "r-again")
+    # Fetched by "other" from queue q, whose payloads hold it.
+    b.client.sadd(f"{b.namespace}:__acks__.other.q", "r-again")
+    b.client.hset(f"{b.namespace}:q.msgs", "r-again", "{}")
+    parked = slots.acquire(
+        b.client, b.namespace, [again], broker_id="other", queue_name="q", timeout_ms=60_000
+    )
+    assert parked == [(slots.PARKED_NOW, None)]
+    with carrier._lock:
+        carrier._pending.append(held)
+    assert b.send_held_acks([]) == []
+    reserved = slots.holders(b.client, b.namespace, "order:8")
+    assert list(reserved) == ["m8"]
+    assert reserved["m8"].startswith("R"), reserved
+    time.sleep(0.3)  # the thread's gathering, had the release gone back to it
+    assert slots.holders(b.client, b.namespace, "order:8") == reserved
+
+
+def test_the_thread_leaves_releases_to_frequent_acks_for_a_bounded_time(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Shipped: 20 ms alone, up to 100 ms while the acks ride. Scaled up here so
+    # that which bound applied shows without timing it closely.
+    monkeypatch.setattr(concurrency, "LAZY_GATHER", 0.1)
+    monkeypatch.setattr(concurrency, "RIDE_GATHER", 1.5)
+    monkeypatch.setattr(concurrency, "RIDING", 60.0)
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    monkeypatch.setattr(carrier, "_last_ride", 0.0)
+
+    def pending_release(key: str) -> None:
+        held = _take_slot(key, key)
+        with carrier._lock:
+            carrier._pending.append(held)
+        carrier._wake.set()
+
+    # No ride yet: the thread sends it after its own gathering.
+    pending_release("order:20")
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:20"), timeout=1.0)
+    # The acks rode moments ago: the thread leaves it to them, but not forever.
+    carrier._last_ride = time.monotonic()
+    pending_release("order:21")
+    time.sleep(0.8)
+    assert slots.holders(b.client, b.namespace, "order:21"), "sent before the acks could take it"
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:21"), timeout=2.0)
