@@ -580,6 +580,12 @@ def concurrency_key(context: Context) -> list[Row]:
                 0.95,
             )
         )
+        # Each run's pair, drained one after the other: on two shared cores the
+        # spread says how far any one ratio can be trusted.
+        pairs = zip(rates["keyed"], rates["plain"], strict=True)
+        rows.append(
+            Row(f"run by run, key {processes}x8", " ".join(f"{k / p:.2f}x" for k, p in pairs))
+        )
         # Where a key's cost goes: the worker's Python or Redis's Lua.
         rows.append(_cpu_row(f"CPU per job, key {processes}x8", keyed, plain, processes))
     return rows
