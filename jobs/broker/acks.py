@@ -613,16 +613,17 @@ class HeldAcks:
             # Each command's error in its place: a release Redis refused goes
             # back to the job-slots thread; one it ran is not sent again (a
             # second sending would free the slot its release just reserved for
-            # another copy of the same message).
+            # another copy of the same message). A reply lost with the
+            # connection is sent again, as the thread's own calls are.
             replies = pipe.execute(raise_on_error=False)
         except BaseException:
             if carrier is not None:
-                carrier.ride_back(riders)
+                carrier.ride_back(riders, self)
             raise
         if carrier is not None and riders:
             reply = replies.pop()
             if isinstance(reply, Exception):
-                carrier.ride_back(riders)
+                carrier.ride_back(riders, self)
             else:
                 slots.released(reply)
         for reply in replies:

@@ -145,12 +145,17 @@ class Concurrency(dramatiq.Middleware):
             self._last_ride = time.monotonic()
         return batch
 
-    def ride_back(self, held: list[slots.Held]) -> None:
-        """Releases a ride along did not deliver, for the job-slots thread."""
-        if held and not self.release_later(held):
-            # Its thread ended meanwhile: the worker is stopping, and the
-            # verdict on it frees them once it stops beating.
-            logger.warning("Slots of %d finished job(s) not freed", len(held))
+    def ride_back(self, held: list[slots.Held], broker: Any) -> None:
+        """Releases a ride along did not deliver, for the job-slots thread; sent
+        here if it has ended meanwhile (a worker stopping while its ledger
+        writer sent the acks)."""
+        if not held or self.release_later(held):
+            return
+        try:
+            self._send(broker, held)  # (a script Redis lost is loaded again)
+        except redis.RedisError as exc:
+            # The verdict on this worker frees them once it stops beating.
+            logger.warning("Slots of %d finished job(s) not freed: %s", len(held), exc)
 
     def before_worker_boot(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # Before: the worker's consumer threads start during its boot, and one

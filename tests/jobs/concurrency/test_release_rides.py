@@ -123,3 +123,37 @@ def test_the_thread_leaves_releases_to_frequent_acks_for_a_bounded_time(
     time.sleep(0.8)
     assert slots.holders(b.client, b.namespace, "order:21"), "sent before the acks could take it"
     wait_until(lambda: not slots.holders(b.client, b.namespace, "order:21"), timeout=2.0)
+
+
+def test_a_ride_refused_while_the_worker_stops_is_still_sent(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ledger writer sends the last acks while the worker stops: the ride
+    # took the releases before the job-slots thread ended, and Redis (which
+    # lost its scripts) refuses it. Nobody is left to send them but the
+    # writer's own call; left alone, the slot stayed this worker's until the
+    # verdict on it, 15 s after it stopped beating.
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    held = _take_slot("order:30", "m30")
+    with carrier._lock:
+        carrier._pending.append(held)
+    pipeline = b.client.pipeline
+
+    def stopping_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        def execute_as_it_stops(*args: Any, **kwargs: Any) -> Any:
+            carrier.after_worker_shutdown(broker, workers[0])
+            b.client.script_flush()
+            return execute(*args, **kwargs)
+
+        monkeypatch.setattr(pipe, "execute", execute_as_it_stops)
+        return pipe
+
+    monkeypatch.setattr(b.client, "pipeline", stopping_meanwhile)
+    assert b.send_held_acks([]) == []
+    assert carrier._thread is not None
+    assert not carrier._thread.is_alive()
+    assert not slots.holders(b.client, b.namespace, "order:30")
