@@ -125,7 +125,7 @@ else:
 # key whose limit is never reached, for the cost of a key on a job that never waits.
 _KEYED: dict[str, Any] = (
     {"concurrency_key": "bench:{sent_at}", "concurrency_limit": 100_000}
-    if os.environ.get("BENCH_CONCURRENCY_KEY") and STACK == "django"
+    if os.environ.get("BENCH_CONCURRENCY_KEY") == "1" and STACK == "django"
     else {}
 )
 
@@ -136,6 +136,20 @@ def noop(sent_at: float = 0.0) -> None:
         # Latency probe: when this job started, for the bench to compare.
         started = time.time()
         redis_broker().client.rpush(STARTED_KEY, json.dumps([sent_at, started]))
+
+
+# BENCH_CONCURRENCY_KEY=mixed: noop stays as it is, and this twin has the key,
+# for blocks of each drained one after the other by the same workers.
+if os.environ.get("BENCH_CONCURRENCY_KEY") == "mixed" and STACK == "django":
+
+    @dramatiq.actor(
+        queue_name=QUEUE,
+        max_retries=0,
+        concurrency_key="bench:{sent_at}",
+        concurrency_limit=100_000,
+    )
+    def noop_keyed(sent_at: float = 0.0) -> None:
+        pass
 
 
 # The fairness bench (bench.queue_scenarios.fairness): a tenant's job. The
