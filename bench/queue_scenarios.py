@@ -589,7 +589,11 @@ def concurrency_key(context: Context) -> list[Row]:
         )
         # Where a key's cost goes: the worker's Python or Redis's Lua.
         rows.append(_cpu_row(f"CPU per job, key {processes}x8", keyed, plain, processes))
-        ratios = [r for _ in range(context.runs) for r in _alternating_ratios(context, processes)]
+        ratios = [
+            ratio
+            for _ in range(context.runs)
+            for ratio in _alternating_ratios(context, databases, processes)
+        ]
         median = statistics.median(ratios)
         rows.append(
             Row(
@@ -611,14 +615,14 @@ def concurrency_key(context: Context) -> list[Row]:
 BLOCK, BLOCKS = 2_000, 21
 
 
-def _alternating_ratios(context: Context, processes: int) -> list[float]:
+def _alternating_ratios(context: Context, databases: FreshDatabase, processes: int) -> list[float]:
     """Blocks of no-op jobs without and with a key, alternating in one queue
     that the same workers drain: each keyed block's rate over the mean rate
     of the plain blocks either side. Whole drains moved by a fifth from one to
     the next on this project's two shared cores; neighbouring blocks, half a
-    second apart, share more of the machine's speed. A block's rate is taken over the
-    middle 80 % of its jobs' ends (the ledger's ``finished_at``), which leaves
-    out the blur where two blocks meet. The plain jobs share a queue with a
+    second apart, share more of the machine's speed. A block's rate is taken
+    over the middle 80 % of its jobs' ends (the ledger's ``finished_at``),
+    which leaves out the blur where two blocks meet. The plain jobs share a queue with a
     keyed actor here, so the fetch looks at their payloads too (a string
     search, under a microsecond of Redis)."""
     size, blocks = (250, 7) if context.quick else (BLOCK, BLOCKS)
@@ -641,7 +645,6 @@ def _alternating_ratios(context: Context, processes: int) -> list[float]:
                 yield message
 
     stats_dir = Path(tempfile.mkdtemp(prefix="stats-alternating-", dir=context.workdir))
-    databases = _sqlite_copies(context)
     with databases(f"alternating-{processes}") as database_url:
         env = procs.base_env(
             DATABASE_URL=database_url,

@@ -617,10 +617,10 @@ class HeldAcks:
             # connection is sent again, as the thread's own calls are.
             replies = pipe.execute(raise_on_error=False)
         except BaseException:
-            if carrier is not None:
+            if riders:
                 carrier.ride_back(riders, self)
             raise
-        if carrier is not None and riders:
+        if riders:
             reply = replies.pop()
             if isinstance(reply, Exception):
                 carrier.ride_back(riders, self)

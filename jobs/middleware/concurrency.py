@@ -138,11 +138,16 @@ class Concurrency(dramatiq.Middleware):
         thread = self._thread
         if thread is None or not thread.is_alive():
             return []
+        batch = self._take_batch()
+        if batch:
+            self._last_ride = time.monotonic()
+        return batch
+
+    def _take_batch(self) -> list[slots.Held]:
+        """Up to a script call's worth of pending releases, no longer pending."""
         with self._lock:
             batch = self._pending[:RELEASES_PER_CALL]
             del self._pending[:RELEASES_PER_CALL]
-        if batch:
-            self._last_ride = time.monotonic()
         return batch
 
     def ride_back(self, held: list[slots.Held], broker: Any) -> None:
@@ -219,9 +224,7 @@ class Concurrency(dramatiq.Middleware):
 
     def _send_pending(self, broker: Any) -> None:
         while True:
-            with self._lock:
-                batch = self._pending[:RELEASES_PER_CALL]
-                del self._pending[:RELEASES_PER_CALL]
+            batch = self._take_batch()
             if not batch:
                 return
             try:
