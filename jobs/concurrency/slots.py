@@ -139,46 +139,71 @@ end
 # run nor parked here. ``acks`` is nil for a job the fetch has just taken from
 # its queue (``FETCH_PREFIX``): not in any ack set yet, it has nothing to leave.
 # waited: how long a job a freed slot was reserved for had been parked (ms),
-# or -1.
+# or -1. ``counted``: slots held per key as this script has counted them (one
+# HLEN per key and call, not per job: the script alone writes them meanwhile).
 _TAKE = """
 local function take(
-    ns, broker_id, queue, key, limit, message_id, redis_id, template, timeout, now, acks
+    ns, broker_id, queue, key, limit, message_id, redis_id, template, timeout, now, acks, counted
 )
     local slots = ns .. ":__slots__." .. key
     -- Per delivery, not per message: a second copy of the same message (sent
     -- again, or a retry whose first attempt's release is still pending) is
     -- another job for the limit; only this delivery asking again is not.
     local holder = "W:" .. broker_id .. ":" .. redis_id
-    local mine = redis.call("hget", slots, message_id)
+    local taken = counted[key] or redis.call("hlen", slots)
+    local mine = false
+    -- The common case in one command: a free slot the message does not hold
+    -- yet. A redis.call costs Redis about a microsecond beyond the command's
+    -- own work; a take was four, a fifth of a no-op job's cost in Redis.
+    -- An empty hash holds nothing of this message, and is not in __slot_keys__.
+    if taken == 0 then
+        redis.call("hset", slots, message_id, holder)
+        redis.call("sadd", ns .. ":__slot_keys__", key)
+        counted[key] = 1
+        return 1, -1
+    elseif taken < limit then
+        -- A hash with entries is in __slot_keys__ already: whatever empties
+        -- it (RELEASE, prune) takes it out in the same script.
+        if redis.call("hsetnx", slots, message_id, holder) == 1 then
+            counted[key] = taken + 1
+            return 1, -1
+        end
+        mine = redis.call("hget", slots, message_id)
+    else
+        mine = redis.call("hget", slots, message_id)
+    end
     local waited = -1
     if mine and (string.sub(mine, 1, 1) == "R" or mine == holder) then
         if string.sub(mine, 1, 1) == "R" then
             waited = now - tonumber(string.match(mine, "(%d+)$"))
         end
-    else
-        local taken = redis.call("hlen", slots)
-        if taken >= limit then
-            prune(ns, slots, timeout, now)
-            taken = redis.call("hlen", slots)
-            mine = redis.call("hget", slots, message_id)
+        redis.call("hset", slots, message_id, holder)
+        counted[key] = taken
+        return 1, waited
+    end
+    if taken >= limit then
+        prune(ns, slots, timeout, now)
+        taken = redis.call("hlen", slots)
+        counted[key] = taken
+        mine = redis.call("hget", slots, message_id)
+    end
+    if mine or taken >= limit then
+        if acks and redis.call("srem", acks, redis_id) == 0 then
+            return 2, waited
         end
-        if mine or taken >= limit then
-            if acks and redis.call("srem", acks, redis_id) == 0 then
-                return 2, waited
-            end
-            local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
-            redis.call("rpush", ns .. ":__parked__." .. key, entry)
-            redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
-            redis.call("hset", ns .. ":__parked_ids__", message_id, key)
-            redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
-            redis.call("sadd", ns .. ":__parked_keys__", key)
-            redis.call("hset", ns .. ":__slot_limits__", key, limit)
-            redis.call("hset", ns .. ":__slot_templates__", key, template)
-            return 0, waited
-        end
+        local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
+        redis.call("rpush", ns .. ":__parked__." .. key, entry)
+        redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
+        redis.call("hset", ns .. ":__parked_ids__", message_id, key)
+        redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
+        redis.call("sadd", ns .. ":__parked_keys__", key)
+        redis.call("hset", ns .. ":__slot_limits__", key, limit)
+        redis.call("hset", ns .. ":__slot_templates__", key, template)
+        return 0, waited
     end
     redis.call("hset", slots, message_id, holder)
     redis.call("sadd", ns .. ":__slot_keys__", key)
+    counted[key] = taken + 1
     return 1, waited
 end
 """
@@ -196,11 +221,11 @@ ACQUIRE = LuaScript(
     + """
 local ns, broker_id, queue, timeout = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
-local outcomes = {}
+local outcomes, counted = {}, {}
 for i = 4, #ARGV, 5 do
     local outcome, waited = take(
         ns, broker_id, queue, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
-        ARGV[i + 4], timeout, now, acks
+        ARGV[i + 4], timeout, now, acks, counted
     )
     outcomes[#outcomes + 1] = outcome
     outcomes[#outcomes + 1] = waited
@@ -265,52 +290,60 @@ FETCH_PREFIX = (
     local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
     local want = math.min(tonumber(ARGV[9]), tonumber(ARGV[8]))
     local may_park = {PARK_PER_FETCH}
-    while #jobs_fetched < want do
-        local redis_id = redis.call("lpop", queue_key)
-        if not redis_id then
+    local counted, fetched_ids = {{}}, {{}}
+    -- The jobs a round at a time (one LPOP with a count, one HMGET), and
+    -- into the ack set with one SADD: a command a job cost Redis as much as
+    -- what the command did. A round takes no more than may still park, so
+    -- that a full key's backlog never parks more than PARK_PER_FETCH.
+    while #jobs_fetched < want and may_park > 0 do
+        local ids = redis.call("lpop", queue_key, math.min(want - #jobs_fetched, may_park))
+        if not ids then
             break
         end
-        local outcome = 1
-        local data = redis.call("hget", messages, redis_id)
-        if data and string.find(data, '"{SEND_OPTION}"', 1, true) then
-            local ok, message = pcall(cjson.decode, data)
-            if ok and a_message(message) then
-                local key = message.options.{SEND_OPTION}
-                local declaration = declared[message.actor_name]
-                local message_id = message.message_id
-                if declaration and type(key) == "string" and key ~= ""
-                        and not string.find(key, "[^\\32-\\126]")
-                        and not string.find(message_id, "[^\\32-\\126]") then
-                    local waited
-                    outcome, waited = take(
-                        ns, broker_id, queue, key, declaration[1], message_id,
-                        redis_id, declaration[2], timeout, jobs_now, nil
-                    )
-                    if outcome == 1 and waited < 0 then
-                        taken[n_taken + 1] = message_id
-                        taken[n_taken + 2] = key
-                        taken[n_taken + 3] = message.actor_name
-                        n_taken = n_taken + 3
-                    else
-                        local info = jobs_slot_info
-                        info[#info + 1] = message_id
-                        info[#info + 1] = outcome
-                        info[#info + 1] = waited
-                        info[#info + 1] = key
-                        info[#info + 1] = message.actor_name
+        local payloads = redis.call("hmget", messages, unpack(ids))
+        for i = 1, #ids do
+            local redis_id, data = ids[i], payloads[i]
+            local outcome = 1
+            if data and string.find(data, '"{SEND_OPTION}"', 1, true) then
+                local ok, message = pcall(cjson.decode, data)
+                if ok and a_message(message) then
+                    local key = message.options.{SEND_OPTION}
+                    local declaration = declared[message.actor_name]
+                    local message_id = message.message_id
+                    if declaration and type(key) == "string" and key ~= ""
+                            and not string.find(key, "[^\\32-\\126]")
+                            and not string.find(message_id, "[^\\32-\\126]") then
+                        local waited
+                        outcome, waited = take(
+                            ns, broker_id, queue, key, declaration[1], message_id,
+                            redis_id, declaration[2], timeout, jobs_now, nil, counted
+                        )
+                        if outcome == 1 and waited < 0 then
+                            taken[n_taken + 1] = message_id
+                            taken[n_taken + 2] = key
+                            taken[n_taken + 3] = message.actor_name
+                            n_taken = n_taken + 3
+                        else
+                            local info = jobs_slot_info
+                            info[#info + 1] = message_id
+                            info[#info + 1] = outcome
+                            info[#info + 1] = waited
+                            info[#info + 1] = key
+                            info[#info + 1] = message.actor_name
+                        end
                     end
                 end
             end
-        end
-        if outcome ~= 0 then
-            redis.call("sadd", acks, redis_id)
-            jobs_fetched[#jobs_fetched + 1] = data
-        else
-            may_park = may_park - 1
-            if may_park == 0 then
-                break
+            if outcome ~= 0 then
+                fetched_ids[#fetched_ids + 1] = redis_id
+                jobs_fetched[#jobs_fetched + 1] = data
+            else
+                may_park = may_park - 1
             end
         end
+    end
+    if #fetched_ids > 0 then
+        redis.call("sadd", acks, unpack(fetched_ids))
     end
     jobs_slot_info[1] = table.concat(taken, "\\t")
     ARGV[9] = "0"  -- dispatch.lua's fetch: nothing left to take
@@ -365,14 +398,15 @@ def wrap_dispatch(body: str) -> str:
 
 
 # KEYS: namespace. ARGV: broker id, then the jobs as JSON, grouped by key:
-# [[key, limit, [message id, redis message id ("": any delivery of this
-# worker), ...]], ...]. Frees each job's slot (held by this delivery, or
-# reserved for the message; not a slot another copy of the same message holds)
-# and hands what is free to parked jobs; returns how many it started, then the
-# keys that had jobs parked (``waited``). One JSON argument rather than four a
-# job: on this project's 2-core VM each argument cost the release thread about
-# 1.8 us of CPU (redis-py encodes and checks each one), the largest share of a
-# keyed job's cost in the worker; and a key's own commands run once per group.
+# [[key, limit, [message id, ...], [redis message id ("": any delivery of
+# this worker), ...]], ...], at most ``GROUP_MAX`` jobs a group. Frees each
+# job's slot (held by this delivery, or reserved for the message; not a slot
+# another copy of the same message holds) and hands what is free to parked
+# jobs; returns how many it started, then the keys that had jobs parked
+# (``waited``). One JSON argument rather than four a job: on this project's
+# 2-core VM each argument cost the release thread about 1.8 us of CPU (redis-py
+# encodes and checks each one), the largest share of a keyed job's cost in the
+# worker; and a key's own commands run once per group.
 RELEASE = LuaScript(
     _NOW
     + _UNPARK
@@ -381,18 +415,25 @@ local started = 0
 local waited = {}
 local prefix = "W:" .. ARGV[1] .. ":"
 for _, group in ipairs(cjson.decode(ARGV[2])) do
-    local key, limit, jobs = group[1], group[2], group[3]
+    local key, limit, message_ids, redis_ids = group[1], group[2], group[3], group[4]
     local slots = KEYS[1] .. ":__slots__." .. key
-    for j = 1, #jobs, 2 do
-        local redis_id = jobs[j + 1]
+    -- A key's holders in one HMGET and its freed slots in one HDEL: a
+    -- command a job cost Redis about as much as what the command did.
+    local holders, freed = redis.call("hmget", slots, unpack(message_ids)), 0
+    for j = 1, #message_ids do
+        local redis_id = redis_ids[j]
         local holder = prefix .. redis_id
-        local held = redis.call("hget", slots, jobs[j])
+        local held = holders[j]
         -- No redis message id: whichever delivery of this worker holds it (the
         -- slot of a payload its consumer could not decode; one slot per message id).
         if held and (held == holder or string.sub(held, 1, 1) == "R"
                 or (redis_id == "" and string.sub(held, 1, #holder) == holder)) then
-            redis.call("hdel", slots, jobs[j])
+            freed = freed + 1
+            holders[freed] = message_ids[j]  -- (the reply's table, reused)
         end
+    end
+    if freed > 0 then
+        redis.call("hdel", slots, unpack(holders, 1, freed))
     end
     -- Most releases have nothing parked behind them: one SISMEMBER, not the
     -- five commands of an unpark that finds nothing.
@@ -432,6 +473,9 @@ return started
 )
 
 TAKEN, PARKED_NOW, NOT_OURS = 1, 0, 2
+# Jobs of one key per group of a RELEASE: its HMGET and HDEL pass them as
+# arguments (Lua's unpack), which Redis's Lua stack holds up to about 8,000.
+GROUP_MAX = 1000
 # Keys per SWEEP call: a script blocks Redis while it runs.
 KEYS_PER_SWEEP = 100
 # The heartbeat timeout a sweep outside a worker judges holders with: a day,
@@ -493,20 +537,27 @@ def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) ->
 def release_args(held: list[Held], *, broker_id: str) -> list[str | int]:
     """``RELEASE``'s ARGV for ``held`` (its KEYS: the namespace), for a caller
     that sends it in a pipeline of its own (``jobs.broker.acks``)."""
-    jobs: dict[str, list[str]] = {}
+    groups: dict[str, tuple[list[str], list[str]]] = {}
     # One group per key, under the limit of its last job: the most recent
     # release, so the current limit (an override may change mid-batch).
     limit: dict[str, int] = {}
     for slot in held:
+        message_ids, redis_ids = groups.setdefault(slot.key, ([], []))
         # str(): Dramatiq decodes a message id that is a JSON number as one;
         # ACQUIRE took its slot under redis-py's spelling (repr, the same as
         # str), which a JSON number read by cjson would not keep.
-        jobs.setdefault(slot.key, []).extend((str(slot.message_id), str(slot.redis_message_id)))
+        message_ids.append(str(slot.message_id))
+        redis_ids.append(str(slot.redis_message_id))
         limit[slot.key] = slot.limit
     # Either form reaches Lua as the UTF-8 bytes redis-py sends for the key
     # elsewhere (cjson decodes JSON's escapes); without escapes it is shorter.
     jobs_json = json.dumps(
-        [[key, limit[key], ids] for key, ids in jobs.items()], ensure_ascii=False
+        [
+            [key, limit[key], message_ids[i : i + GROUP_MAX], redis_ids[i : i + GROUP_MAX]]
+            for key, (message_ids, redis_ids) in groups.items()
+            for i in range(0, len(message_ids), GROUP_MAX)
+        ],
+        ensure_ascii=False,
     )
     return [broker_id, jobs_json]
 

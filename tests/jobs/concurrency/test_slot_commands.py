@@ -1,0 +1,90 @@
+"""What a keyed job costs Redis: the commands a fetch and a release run inside
+their scripts, counted by a real redis-server (INFO commandstats). A command
+run from Lua cost Redis about a microsecond beyond its own work; four a job
+for the slot alone made a key's cost on a job that never waits mostly Redis's
+(``python -m bench --only concurrency-key`` gives the figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dramatiq
+import pytest
+
+from jobs.broker import redis_broker
+from jobs.concurrency import slots
+from tests.jobs.concurrency.actors import QUEUE, report
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Commands besides one a job: the dispatch's own (TIME, the contact and
+# heartbeat bookkeeping, the fair queue's EXISTS) and a batch's (LPOP, HMGET,
+# HLEN, HSET and SADD of the first job, SADD to the ack set; a release's
+# HMGET, HDEL, SISMEMBER, HLEN, SREM).
+_BOOKKEEPING = 10
+
+
+def _commands_inside(client: Any) -> dict[str, int]:
+    """Commands Redis ran since the last reset, the script calls left out."""
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(stat["calls"])
+        for name, stat in stats.items()
+        # (not the script calls, nor this test's CONFIG RESETSTAT and SCRIPT LOAD)
+        if name not in ("cmdstat_evalsha", "cmdstat_eval") and "|" not in name
+    }
+
+
+def test_a_fetch_and_a_release_of_one_keys_jobs_run_a_few_commands_not_several_a_job(
+    broker: dramatiq.Broker,
+) -> None:
+    # 16 jobs of one key whose limit they do not reach: the fetch pops them in
+    # one LPOP, reads them in one HMGET, counts the key's slots once and takes
+    # each with one HSETNX; the release reads the key's holders in one HMGET
+    # and frees them in one HDEL. Before: seven commands a job in the fetch
+    # and two in the release.
+    rb, jobs = redis_broker(), 16
+    for _ in range(jobs):
+        report.send("t", 0.0)
+    client = rb.client
+    client.config_resetstat()
+    reply = rb.do_fetch(QUEUE, jobs, "slots", report.actor_name, 100, "tenant:{tenant}")
+    taken = slots.decided(reply.pop())
+    assert len(reply) == jobs
+    assert [job.outcome for job in taken] == [slots.TAKEN] * jobs
+    fetch = _commands_inside(client)
+    assert fetch.get("hsetnx") == jobs - 1, fetch
+    assert fetch.get("hlen") == 1, fetch
+    assert sum(fetch.values()) <= jobs + _BOOKKEEPING, fetch
+
+    client.config_resetstat()
+    # Each freed by the delivery that took it (its redis message id).
+    delivery = {
+        message.message_id: message.options["redis_message_id"]
+        for message in map(dramatiq.Message.decode, reply)
+    }
+    held = [slots.Held(job.key, job.message_id, 100, delivery[job.message_id]) for job in taken]
+    slots.release(client, rb.namespace, held, broker_id=rb.broker_id)
+    release = _commands_inside(client)
+    assert sum(release.values()) <= _BOOKKEEPING, release
+    assert slots.holders(client, rb.namespace, "tenant:t") == {}
+    assert not client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}")
+
+
+def test_a_release_of_more_jobs_of_one_key_than_lua_can_unpack_frees_them_all(
+    broker: dramatiq.Broker,
+) -> None:
+    # The release passes a key's message ids to HMGET and HDEL as arguments,
+    # which Lua's stack holds up to about 8,000: a larger batch goes in groups.
+    rb, jobs = redis_broker(), 9_000
+    key = "tenant:many"
+    client = rb.client
+    client.hset(
+        f"{rb.namespace}:__slots__.{key}",
+        mapping={f"m{i}": f"W:{rb.broker_id}:r{i}" for i in range(jobs)},
+    )
+    client.sadd(f"{rb.namespace}:{slots.SLOT_KEYS}", key)
+    held = [slots.Held(key, f"m{i}", 10_000, f"r{i}") for i in range(jobs)]
+    slots.release(client, rb.namespace, held, broker_id=rb.broker_id)
+    assert slots.holders(client, rb.namespace, key) == {}
+    assert not client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}")
