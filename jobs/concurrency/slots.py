@@ -91,7 +91,7 @@ _UNPARK = """
 local function unpark(ns, key, limit, now)
     local slots = ns .. ":__slots__." .. key
     local parked = ns .. ":__parked__." .. key
-    local started = 0
+    local started, kept = 0, {}
     while redis.call("hlen", slots) < limit do
         local entry = redis.call("lpop", parked)
         if not entry then
@@ -104,25 +104,36 @@ local function unpark(ns, key, limit, now)
             queue, redis_id, message_id = string.match(entry, "^([^\\n]*)\\n([^\\n]*)\\n(.*)$")
             parked_at = now
         end
-        if message_id then
-            redis.call("hdel", ns .. ":__parked_ids__", message_id)
-        end
-        if queue then
-            redis.call("zrem", ns .. ":__parked_since__." .. queue, message_id)
-        end
-        if queue and redis.call("hincrby", ns .. ":__parked_per_queue__", queue, -1) <= 0 then
-            redis.call("hdel", ns .. ":__parked_per_queue__", queue)
-        end
-        if queue and redis.call("hexists", ns .. ":" .. queue .. ".msgs", redis_id) == 1 then
-            redis.call("hset", slots, message_id, "R:" .. now .. ":" .. parked_at)
-            redis.call("sadd", ns .. ":__slot_keys__", key)
-            redis.call("lpush", ns .. ":" .. queue, redis_id)
-            local wake = ns .. ":" .. queue .. ".wake"
-            if redis.call("llen", wake) < 64 then
-                redis.call("lpush", wake, 1)
+        -- Another copy of the same message runs, its slot held under this
+        -- message id: a reservation would overwrite that holder, and two jobs
+        -- would run on one slot. This copy keeps its place until that one ends.
+        local held = message_id and redis.call("hget", slots, message_id)
+        if held and string.sub(held, 1, 1) == "W" then
+            kept[#kept + 1] = entry
+        else
+            if message_id then
+                redis.call("hdel", ns .. ":__parked_ids__", message_id)
             end
-            started = started + 1
+            if queue then
+                redis.call("zrem", ns .. ":__parked_since__." .. queue, message_id)
+            end
+            if queue and redis.call("hincrby", ns .. ":__parked_per_queue__", queue, -1) <= 0 then
+                redis.call("hdel", ns .. ":__parked_per_queue__", queue)
+            end
+            if queue and redis.call("hexists", ns .. ":" .. queue .. ".msgs", redis_id) == 1 then
+                redis.call("hset", slots, message_id, "R:" .. now .. ":" .. parked_at)
+                redis.call("sadd", ns .. ":__slot_keys__", key)
+                redis.call("lpush", ns .. ":" .. queue, redis_id)
+                local wake = ns .. ":" .. queue .. ".wake"
+                if redis.call("llen", wake) < 64 then
+                    redis.call("lpush", wake, 1)
+                end
+                started = started + 1
+            end
         end
+    end
+    for i = #kept, 1, -1 do
+        redis.call("lpush", parked, kept[i])
     end
     if redis.call("llen", parked) == 0 then
         redis.call("srem", ns .. ":__parked_keys__", key)
@@ -150,21 +161,20 @@ local function take(
     -- again, or a retry whose first attempt's release is still pending) is
     -- another job for the limit; only this delivery asking again is not.
     local holder = "W:" .. broker_id .. ":" .. redis_id
+    local first = counted[key] == nil
     local taken = counted[key] or redis.call("hlen", slots)
     local mine = false
     -- The common case in one command: a free slot the message does not hold
     -- yet. A redis.call costs Redis about a microsecond beyond the command's
     -- own work; a take was four, a fifth of a no-op job's cost in Redis.
-    -- An empty hash holds nothing of this message, and is not in __slot_keys__.
-    if taken == 0 then
-        redis.call("hset", slots, message_id, holder)
-        redis.call("sadd", ns .. ":__slot_keys__", key)
-        counted[key] = 1
-        return 1, -1
-    elseif taken < limit then
-        -- A hash with entries is in __slot_keys__ already: whatever empties
-        -- it (RELEASE, prune) takes it out in the same script.
+    if taken < limit then
         if redis.call("hsetnx", slots, message_id, holder) == 1 then
+            if first or taken == 0 then
+                -- Among the keys with slots, for the sweep of dead holders' slots:
+                -- once a key and call (and again after a prune emptied the hash),
+                -- which also puts back a key someone took out by hand.
+                redis.call("sadd", ns .. ":__slot_keys__", key)
+            end
             counted[key] = taken + 1
             return 1, -1
         end
@@ -178,6 +188,7 @@ local function take(
             waited = now - tonumber(string.match(mine, "(%d+)$"))
         end
         redis.call("hset", slots, message_id, holder)
+        redis.call("sadd", ns .. ":__slot_keys__", key)
         counted[key] = taken
         return 1, waited
     end

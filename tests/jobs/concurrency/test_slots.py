@@ -488,3 +488,83 @@ def test_a_release_batch_with_two_limits_for_one_key_unparks_under_the_last(
     assert len(slots.holders(client, namespace, key)) == 7
     assert slots.parked(client, namespace, key) == ["m11"]
     assert client.hget(f"{namespace}:__slot_limits__", key) == b"7"
+
+
+def test_a_freed_slot_is_not_handed_to_a_copy_of_a_job_still_running(
+    broker: dramatiq.Broker,
+) -> None:
+    # A message sent twice (or a retry whose first attempt has not released yet):
+    # the second copy parks while the first runs, both under one message id. A
+    # slot freed meanwhile went to that copy and overwrote the running one's
+    # holder, so two jobs ran on one slot and a third could take the other. It
+    # goes to the next parked job; the copy keeps its place until its twin ends.
+    namespace, client = redis_broker().namespace, redis_broker().client
+    key, now = "order:twin", int(time.time() * 1000)
+    client.hset(f"{namespace}:__slots__.{key}", mapping={"M": "W:b:r1", "X": "W:b:rx"})
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", key)
+    for message_id, redis_id in (("M", "r2"), ("Z", "rz")):
+        client.hset(f"{namespace}:{QUEUE}.msgs", redis_id, b"{}")
+        client.rpush(f"{namespace}:__parked__.{key}", f"{QUEUE}\n{redis_id}\n{message_id}\n{now}")
+    client.sadd(f"{namespace}:{slots.PARKED_KEYS}", key)
+
+    assert slots.release(client, namespace, [slots.Held(key, "X", 2, "rx")], broker_id="b") == 1
+    held = slots.holders(client, namespace, key)
+    assert held["M"] == "W:b:r1", "the running copy's slot was handed to its twin"
+    assert held["Z"].startswith("R:")
+    assert slots.parked(client, namespace, key) == ["M"]
+
+    # The first copy ends: its slot goes to its twin.
+    assert slots.release(client, namespace, [slots.Held(key, "M", 2, "r1")], broker_id="b") == 1
+    assert slots.holders(client, namespace, key)["M"].startswith("R:")
+    assert slots.parked(client, namespace, key) == []
+
+
+def test_a_limit_below_one_written_by_hand_runs_no_job(broker: dramatiq.Broker) -> None:
+    # The admin takes 1 to 100,000; an override written into Redis by hand can
+    # say 0. An empty key then parks its jobs rather than taking a slot.
+    rb = redis_broker()
+    report.send("zero", 0.0)
+    reply = rb.do_fetch(QUEUE, 1, "slots", report.actor_name, 0, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.PARKED_NOW]
+    assert reply == []
+    assert slots.holders(rb.client, rb.namespace, "tenant:zero") == {}
+    outcomes = slots.acquire(
+        rb.client,
+        rb.namespace,
+        [slots.Wanted("empty:0", 0, "m1", "r1")],
+        broker_id="b",
+        queue_name=QUEUE,
+        timeout_ms=60_000,
+    )
+    assert outcomes[0][0] != slots.TAKEN
+    assert slots.holders(rb.client, rb.namespace, "empty:0") == {}
+
+
+def test_a_take_puts_a_key_missing_from_the_keys_with_slots_back(broker: dramatiq.Broker) -> None:
+    # The sweep walks __slot_keys__ for dead holders' slots on keys nothing
+    # waits for. A key taken out of it by hand (or by an eviction) is put back
+    # by the next take of the key, so a dead holder's slot there is freed.
+    rb = redis_broker()
+    rb.client.hset(f"{rb.namespace}:__slots__.tenant:q", "dead-job", "W:ghost:r")
+    report.send("q", 0.0)
+    reply = rb.do_fetch(QUEUE, 1, "slots", report.actor_name, 5, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.TAKEN]
+    assert rb.client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}") == {b"tenant:q"}
+
+
+def test_a_message_sent_twice_never_runs_beside_its_twin_past_the_limit(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # The same message enqueued twice, under a limit of 2 with two other jobs:
+    # the twin parks while the first runs, and the slot another job frees must
+    # not make room for both the twin and the job behind it.
+    first = report.message("twins", 0.5)
+    for message in (first, report.message("twins", 0.1), first, report.message("twins", 0.0)):
+        broker.enqueue(message)
+    start_worker(workers, broker, threads=4)
+    join(QUEUE, timeout_ms=30_000)
+    wait_until(lambda: len(runs) == 4)
+    assert most_at_once("tenant:twins") == 2
+    client = redis_broker().client
+    wait_until(lambda: not client.keys("*__slot*"))
+    assert not client.keys("*__parked*")
