@@ -3,8 +3,10 @@
 Per key, in the broker's namespace:
 
 - ``__slots__.<key>``: a hash, message id -> holder: ``W:<broker id>:<redis
-  message id>`` for a job a worker took (one delivery of it), ``R:<ms>`` for a
-  parked job a freed slot was handed to and that no worker has fetched yet.
+  message id>`` for a job a worker took (one delivery of it), ``R:<ms>:<redis
+  message id>:<parked at (ms)>`` for a parked job a freed slot was handed to
+  and that no worker has fetched yet (``R:<ms>:<parked at>`` from releases
+  before 2026-12-04).
 - ``__parked__.<key>``: a list of parked jobs, oldest first, each
   ``queue\\nredis message id\\nmessage id\\nparked at (ms)``. The payload stays in the queue's
   ``.msgs`` hash, as for any queued message.
@@ -121,7 +123,9 @@ local function unpark(ns, key, limit, now)
                 redis.call("hdel", ns .. ":__parked_per_queue__", queue)
             end
             if queue and redis.call("hexists", ns .. ":" .. queue .. ".msgs", redis_id) == 1 then
-                redis.call("hset", slots, message_id, "R:" .. now .. ":" .. parked_at)
+                redis.call(
+                    "hset", slots, message_id, "R:" .. now .. ":" .. redis_id .. ":" .. parked_at
+                )
                 redis.call("sadd", ns .. ":__slot_keys__", key)
                 redis.call("lpush", ns .. ":" .. queue, redis_id)
                 local wake = ns .. ":" .. queue .. ".wake"
@@ -435,10 +439,16 @@ for _, group in ipairs(cjson.decode(ARGV[2])) do
         local redis_id = redis_ids[j]
         local holder = prefix .. redis_id
         local held = holders[j]
+        -- A reservation: only for this delivery (a job handed back before it
+        -- took the slot), so that a release sent again (its reply lost) does
+        -- not free the slot its first sending handed to another copy of the
+        -- message. One that does not say for whom (an older release's): any.
         -- No redis message id: whichever delivery of this worker holds it (the
         -- slot of a payload its consumer could not decode; one slot per message id).
-        if held and (held == holder or string.sub(held, 1, 1) == "R"
-                or (redis_id == "" and string.sub(held, 1, #holder) == holder)) then
+        local reserved_for = held and string.sub(held, 1, 1) == "R"
+            and (string.match(held, "^R:%d+:(.*):%d+$") or redis_id)
+        if held and (held == holder or reserved_for == redis_id or (redis_id == ""
+                and (reserved_for or string.sub(held, 1, #holder) == holder))) then
             freed = freed + 1
             holders[freed] = message_ids[j]  -- (the reply's table, reused)
         end
@@ -641,7 +651,7 @@ def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | N
 
 def holders(client: Any, namespace: str, key: str) -> dict[str, str]:
     """The slots of ``key``: message id -> ``W:<broker id>:<redis message id>``
-    or ``R:<ms>``."""
+    or ``R:<ms>:<redis message id>:<parked at (ms)>``."""
     raw = client.hgetall(f"{namespace}:{SLOTS}{key}")
     return {_text(k): _text(v) for k, v in raw.items()}
 

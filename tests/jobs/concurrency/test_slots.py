@@ -568,3 +568,33 @@ def test_a_message_sent_twice_never_runs_beside_its_twin_past_the_limit(
     client = redis_broker().client
     wait_until(lambda: not client.keys("*__slot*"))
     assert not client.keys("*__parked*")
+
+
+def test_a_release_sent_again_keeps_the_slot_it_handed_to_another_copy(
+    broker: dramatiq.Broker,
+) -> None:
+    # A release whose reply is lost with its connection is sent again. Its
+    # first sending freed the slot and handed it to the next parked job, here
+    # a retry of the same message (same message id, another delivery): the
+    # second sending freed that reservation too, and the retry competed for
+    # the slot again. Only a reservation for the releasing delivery is its own.
+    namespace, client = redis_broker().namespace, redis_broker().client
+    key, now = "order:again", int(time.time() * 1000)
+    client.hset(f"{namespace}:__slots__.{key}", "M", "W:b:r1")
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", key)
+    client.hset(f"{namespace}:{QUEUE}.msgs", "r2", b"{}")
+    client.rpush(f"{namespace}:__parked__.{key}", f"{QUEUE}\nr2\nM\n{now}")
+    client.sadd(f"{namespace}:{slots.PARKED_KEYS}", key)
+    release = [slots.Held(key, "M", 1, "r1")]
+    assert slots.release(client, namespace, release, broker_id="b") == 1
+    reserved = slots.holders(client, namespace, key)["M"]
+    assert reserved.startswith("R:")
+    slots.release(client, namespace, release, broker_id="b")
+    assert slots.holders(client, namespace, key) == {"M": reserved}
+    # The retry's own delivery frees it (handed back before it took the slot),
+    # and so does any release of a reservation that does not say for whom.
+    slots.release(client, namespace, [slots.Held(key, "M", 1, "r2")], broker_id="b")
+    assert slots.holders(client, namespace, key) == {}
+    client.hset(f"{namespace}:__slots__.{key}", "M", f"R:{now}:{now}")
+    slots.release(client, namespace, release, broker_id="b")
+    assert slots.holders(client, namespace, key) == {}
