@@ -187,7 +187,13 @@ local function take(
         mine = redis.call("hget", slots, message_id)
     end
     local waited = -1
-    if mine and (string.sub(mine, 1, 1) == "R" or mine == holder) then
+    -- This delivery's own slot: its reservation, or (ACQUIRE, for a job in the
+    -- ack set) a slot it took already. A job the fetch has just taken from its
+    -- queue holds no slot yet: one under its own name is a stale holder's (its
+    -- release pending while Redis was away, a worker judged dead too early),
+    -- which frees it later; taking it now would run two jobs on one slot, so
+    -- the job waits behind it.
+    if mine and (string.sub(mine, 1, 1) == "R" or (acks and mine == holder)) then
         if string.sub(mine, 1, 1) == "R" then
             waited = now - tonumber(string.match(mine, "(%d+)$"))
         end

@@ -598,3 +598,30 @@ def test_a_release_sent_again_keeps_the_slot_it_handed_to_another_copy(
     client.hset(f"{namespace}:__slots__.{key}", "M", f"R:{now}:{now}")
     slots.release(client, namespace, release, broker_id="b")
     assert slots.holders(client, namespace, key) == {}
+
+
+def test_a_fetched_job_whose_own_slot_is_still_held_waits_for_its_release(
+    broker: dramatiq.Broker,
+) -> None:
+    # A worker hands a job back while Redis is away: the job's release stays
+    # pending, and when Redis returns the job is fetched again, by the same
+    # worker, before the release goes. Its slot is still held under its own
+    # delivery; taken as its own, the job ran and the late release then freed
+    # the slot under it, letting another job of the key run beside it.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    job = report.send("stale", 0.0)
+    (redis_id,) = [rid.decode() for rid in client.lrange(f"{namespace}:{QUEUE}", 0, -1)]
+    holder = f"W:{rb.broker_id}:{redis_id}"
+    client.hset(f"{namespace}:__slots__.tenant:stale", job.message_id, holder)
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", "tenant:stale")
+    fetch_args = ("slots", report.actor_name, 1, "tenant:{tenant}")
+    reply = rb.do_fetch(QUEUE, 1, *fetch_args)
+    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.PARKED_NOW]
+    assert slots.parked(client, namespace, "tenant:stale") == [job.message_id]
+    # The pending release goes: the job gets the slot and is fetched again.
+    held = [slots.Held("tenant:stale", job.message_id, 1, redis_id)]
+    assert slots.release(client, namespace, held, broker_id=rb.broker_id) == 1
+    reply = rb.do_fetch(QUEUE, 1, *fetch_args)
+    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.TAKEN]
+    assert slots.holders(client, namespace, "tenant:stale") == {job.message_id: holder}
