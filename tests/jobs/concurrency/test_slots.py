@@ -611,7 +611,7 @@ def test_a_fetched_job_whose_own_slot_is_still_held_waits_for_its_release(
     rb = redis_broker()
     namespace, client = rb.namespace, rb.client
     job = report.send("stale", 0.0)
-    (redis_id,) = [rid.decode() for rid in client.lrange(f"{namespace}:{QUEUE}", 0, -1)]
+    (redis_id,) = [slots._text(rid) for rid in client.lrange(f"{namespace}:{QUEUE}", 0, -1)]
     holder = f"W:{rb.broker_id}:{redis_id}"
     client.hset(f"{namespace}:__slots__.tenant:stale", job.message_id, holder)
     client.sadd(f"{namespace}:{slots.SLOT_KEYS}", "tenant:stale")
