@@ -167,25 +167,20 @@ local function take(
     local holder = "W:" .. broker_id .. ":" .. redis_id
     local first = counted[key] == nil
     local taken = counted[key] or redis.call("hlen", slots)
-    local mine = false
     -- The common case in one command: a free slot the message does not hold
     -- yet. A redis.call costs Redis about a microsecond beyond the command's
     -- own work; a take was four, a fifth of a no-op job's cost in Redis.
-    if taken < limit then
-        if redis.call("hsetnx", slots, message_id, holder) == 1 then
-            if first or taken == 0 then
-                -- Among the keys with slots, for the sweep of dead holders' slots:
-                -- once a key and call (and again after a prune emptied the hash),
-                -- which also puts back a key someone took out by hand.
-                redis.call("sadd", ns .. ":__slot_keys__", key)
-            end
-            counted[key] = taken + 1
-            return 1, -1
+    if taken < limit and redis.call("hsetnx", slots, message_id, holder) == 1 then
+        if first or taken == 0 then
+            -- Among the keys with slots, for the sweep of dead holders' slots:
+            -- once a key and call (and again after a prune emptied the hash),
+            -- which also puts back a key someone took out by hand.
+            redis.call("sadd", ns .. ":__slot_keys__", key)
         end
-        mine = redis.call("hget", slots, message_id)
-    else
-        mine = redis.call("hget", slots, message_id)
+        counted[key] = taken + 1
+        return 1, -1
     end
+    local mine = redis.call("hget", slots, message_id)
     local waited = -1
     -- This delivery's own slot: its reservation, or (ACQUIRE, for a job in the
     -- ack set) a slot it took already. A job the fetch has just taken from its
@@ -193,38 +188,36 @@ local function take(
     -- release pending while Redis was away, a worker judged dead too early),
     -- which frees it later; taking it now would run two jobs on one slot, so
     -- the job waits behind it.
-    if mine and (string.sub(mine, 1, 1) == "R" or (acks and mine == holder)) then
+    local own = mine and (string.sub(mine, 1, 1) == "R" or (acks and mine == holder))
+    if own then
         if string.sub(mine, 1, 1) == "R" then
             waited = now - tonumber(string.match(mine, "(%d+)$"))
         end
-        redis.call("hset", slots, message_id, holder)
-        redis.call("sadd", ns .. ":__slot_keys__", key)
-        counted[key] = taken
-        return 1, waited
-    end
-    if taken >= limit then
-        prune(ns, slots, timeout, now)
-        taken = redis.call("hlen", slots)
-        counted[key] = taken
-        mine = redis.call("hget", slots, message_id)
-    end
-    if mine or taken >= limit then
-        if acks and redis.call("srem", acks, redis_id) == 0 then
-            return 2, waited
+    else
+        if taken >= limit then
+            prune(ns, slots, timeout, now)
+            taken = redis.call("hlen", slots)
+            counted[key] = taken
+            mine = redis.call("hget", slots, message_id)
         end
-        local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
-        redis.call("rpush", ns .. ":__parked__." .. key, entry)
-        redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
-        redis.call("hset", ns .. ":__parked_ids__", message_id, key)
-        redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
-        redis.call("sadd", ns .. ":__parked_keys__", key)
-        redis.call("hset", ns .. ":__slot_limits__", key, limit)
-        redis.call("hset", ns .. ":__slot_templates__", key, template)
-        return 0, waited
+        if mine or taken >= limit then
+            if acks and redis.call("srem", acks, redis_id) == 0 then
+                return 2, waited
+            end
+            local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
+            redis.call("rpush", ns .. ":__parked__." .. key, entry)
+            redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
+            redis.call("hset", ns .. ":__parked_ids__", message_id, key)
+            redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
+            redis.call("sadd", ns .. ":__parked_keys__", key)
+            redis.call("hset", ns .. ":__slot_limits__", key, limit)
+            redis.call("hset", ns .. ":__slot_templates__", key, template)
+            return 0, waited
+        end
     end
     redis.call("hset", slots, message_id, holder)
     redis.call("sadd", ns .. ":__slot_keys__", key)
-    counted[key] = taken + 1
+    counted[key] = own and taken or taken + 1  -- (a slot it held already is counted)
     return 1, waited
 end
 """
