@@ -16,7 +16,7 @@ from django_redis import get_redis_connection
 from dramatiq.broker import MessageProxy
 
 from jobs.broker import redis_broker
-from jobs.concurrency import limits
+from jobs.concurrency import limits, takes
 from jobs.consistency import reachability
 from jobs.ledger import writer as ledger
 from project.redis_server import RedisServer
@@ -81,15 +81,18 @@ def _redis_reachable() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _flush_redis(redis_server: str) -> Iterator[None]:
     """Each test starts and ends with empty broker and cache databases (and no
-    concurrency limit overrides this process read from the last one)."""
+    concurrency limit overrides this process read from the last one, nor the
+    slot takes it knew of: a test may leave a slot taken it never releases)."""
     broker = redis_broker()
     broker.client.flushdb()
     get_redis_connection("default").flushdb()
     limits.forget()
+    takes.forget()
     yield
     broker.client.flushdb()
     get_redis_connection("default").flushdb()
     limits.forget()
+    takes.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -43,7 +43,7 @@ from jobs.broker import clock, room, strays, unknown_actors
 from jobs.broker.proxies import with_fields
 from jobs.broker.scripts import LuaScript
 from jobs.concurrency import keys as concurrency_keys
-from jobs.concurrency import slots
+from jobs.concurrency import slots, takes
 from jobs.ledger import writer as ledger
 from jobs.observability import metrics
 
@@ -220,14 +220,14 @@ class LedgerOrderedConsumer(_RedisConsumer):
         fetched batch are asked for at once."""
         decided = self.slots_taken.pop(message.message_id, None)
         if decided is not None:
-            outcome, key = (decided.outcome, decided.waited), decided.key
+            outcome, key, token = (decided.outcome, decided.waited), decided.key, decided.token
         else:
             keyed = concurrency_keys.key_of(message)
             if keyed is None:
                 return True
             key = keyed[0]
             try:
-                outcome = self._acquire_batch(message, keyed)
+                outcome, token = self._acquire_batch(message, keyed)
             except redis.RedisError as exc:  # not only UNREACHABLE: a read-only replica, OOM
                 # Still in this worker's ack set: back to the cache, handed back by
                 # close() (or, with Redis away, by this thread's next consumer).
@@ -237,7 +237,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         taken, waited = outcome
         if taken == slots.TAKEN:
             # Its release reads the key here rather than building it again.
-            concurrency_keys.remember_key(message, key)
+            concurrency_keys.remember_key(message, key, token)
             if waited is not None:
                 metrics.SLOT_WAIT.labels(message.actor_name, self.queue_name).observe(waited)
             return True
@@ -252,23 +252,28 @@ class LedgerOrderedConsumer(_RedisConsumer):
         slots.note_waited(key)
         metrics.PARKED.labels(actor_name, self.queue_name).inc()
 
-    def note_fetched_slots(self, info: list[Any]) -> None:
-        """What a fetch that took slots itself decided (``slots.decided``): the
-        taken ones pass ``_slot_taken`` without a round trip; the parked ones
-        never reach this worker."""
+    def note_fetched_slots(self, info: list[Any], token: int) -> list[str]:
+        """What the fetch of take token ``token``, which took slots itself,
+        decided (``slots.decided``): the taken ones pass ``_slot_taken`` without
+        a round trip; the parked ones never reach this worker. The message ids
+        of the taken ones."""
         self.parked_by_fetch = 0
-        for job in slots.decided(info):
+        taken = []
+        for job in slots.decided(info, token):
             if job.outcome == slots.TAKEN:
                 self.slots_taken[job.message_id] = job
+                taken.append(job.message_id)
             else:
                 self.parked_by_fetch += 1
                 self._parked(job.key, job.actor_name)
+        return taken
 
     def _acquire_batch(
         self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
-    ) -> tuple[int, float | None]:
+    ) -> tuple[tuple[int, float | None], int]:
         """Slots for ``message`` and every keyed job still in the fetch cache, in
-        one round trip; the cached jobs that were parked leave the cache."""
+        one round trip; the cached jobs that were parked leave the cache.
+        ``message``'s outcome, and the take token."""
         wanted = [
             slots.Wanted(
                 keyed[0],
@@ -297,6 +302,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
                     )
                 )
                 cached.append(data)
+        token = takes.of(self.broker.broker_id).call()
         outcomes = slots.acquire(
             self.broker.client,
             self.broker.namespace,
@@ -304,12 +310,13 @@ class LedgerOrderedConsumer(_RedisConsumer):
             broker_id=self.broker.broker_id,
             queue_name=self.queue_name,
             timeout_ms=int(self.broker.heartbeat_timeout),
+            token=token,
         )
         parked = set()
         for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
             if outcome[0] == slots.TAKEN:
                 self.slots_taken[job.message_id] = slots.Decided(
-                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name
+                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name, token
                 )
             else:
                 parked.add(id(data))
@@ -319,7 +326,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             self.message_cache = [data for data in self.message_cache if id(data) not in parked]
         if outcomes[0][0] != slots.TAKEN:
             logger.debug("Job %s waits for a slot of %r", message.message_id, keyed[0])
-        return outcomes[0]
+        return outcomes[0], token
 
     def _next(self) -> dramatiq.MessageProxy | None:
         """The next message, or None after a wait: Dramatiq's fetch and sleep,
@@ -380,13 +387,18 @@ class LedgerOrderedConsumer(_RedisConsumer):
         """Slots of handed-back jobs (taken when passed on, or with their fetch,
         never run): freed for the next parked job. The handed-back job takes one
         again when fetched."""
+        self._free(self._slots_of(messages))
+
+    def _slots_of(self, messages: list[dramatiq.MessageProxy]) -> list[slots.Held]:
+        """The slots ``messages`` hold or may hold: under the take that passed
+        each on (noted on it), or that took it with the fetch (one still cached)."""
         held = []
         for message in messages:
-            self.slots_taken.pop(message.message_id, None)
-            slot = concurrency_keys.held_slot(message)
+            decided = self.slots_taken.pop(message.message_id, None)
+            slot = concurrency_keys.held_slot(message, decided.token if decided else 0)
             if slot is not None:
                 held.append(slot)
-        self._free(held)
+        return held
 
     def _free(self, held: list[slots.Held]) -> None:
         if not held:
@@ -501,13 +513,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
             # Redis is away: this thread's next consumer hands them back, and
             # their slots (and any the next paragraph frees) go once it answers.
             self.memory.left.update(m.options["redis_message_id"] for m in fetched)
-            handed_back = []
-            for message in fetched:
-                self.slots_taken.pop(message.message_id, None)
-                slot = concurrency_keys.held_slot(message)
-                if slot is not None:
-                    handed_back.append(slot)
-            self._free_later(handed_back + self._undecoded_slots())
+            self._free_later(self._slots_of(fetched) + self._undecoded_slots())
             raise
         self._free(self._undecoded_slots())
 
@@ -519,7 +525,11 @@ class LedgerOrderedConsumer(_RedisConsumer):
         left, self.slots_taken = self.slots_taken, {}
         held = [
             slots.Held(
-                job.key, job.message_id, concurrency_keys.limit_of(job.actor_name, job.key), ""
+                job.key,
+                job.message_id,
+                concurrency_keys.limit_of(job.actor_name, job.key),
+                "",
+                job.token,
             )
             for job in left.values()
         ]
@@ -625,7 +635,7 @@ class HeldAcks:
             if isinstance(reply, Exception):
                 carrier.ride_back(riders, self)
             else:
-                slots.released(reply)
+                slots.released(reply, riders, broker_id=self.broker_id)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply

@@ -42,7 +42,7 @@ from jobs.broker.acks import UNREACHABLE, HeldAcks, LedgerOrderedConsumer, queue
 from jobs.broker.hooks import QuietHooks
 from jobs.broker.packed import NotSent, PackedEnqueue
 from jobs.broker.sentinel import master_client
-from jobs.concurrency import fairness, slots
+from jobs.concurrency import fairness, slots, takes
 from jobs.concurrency import keys as concurrency_keys
 
 logger = logging.getLogger(__name__)
@@ -399,11 +399,17 @@ class _WakeupConsumer(LedgerOrderedConsumer):
     def _fill(self) -> bool:
         try:
             room = self.prefetch - self.outstanding_message_count
-            slot_args = concurrency_keys.fetch_args(self.queue_name)
-            reply = self.broker.do_fetch(self.queue_name, room, *slot_args)
-            if slot_args:
-                # The slots the fetch took (or the jobs it parked) ride on its reply.
-                self.note_fetched_slots(reply.pop())
+            book = takes.of(self.broker.broker_id)
+            slot_args = concurrency_keys.fetch_args(self.queue_name, book.call)
+            taken: list[str] = []
+            try:
+                reply = self.broker.do_fetch(self.queue_name, room, *slot_args)
+                if slot_args:
+                    # The slots the fetch took (or the jobs it parked) ride on its reply.
+                    taken = self.note_fetched_slots(reply.pop(), int(slot_args[1]))
+            finally:
+                if slot_args:  # (a reply lost: its takes are this worker's sweep's)
+                    book.called(int(slot_args[1]), taken)
             self.message_cache = reply
             if self.message_cache:
                 return True

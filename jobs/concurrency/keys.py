@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import logging
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,9 +229,10 @@ def _sent_key(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> str | N
     return key
 
 
-def fetch_args(queue_name: str) -> list[str | int]:
+def fetch_args(queue_name: str, token: Callable[[], int]) -> list[str | int]:
     """What a fetch of ``queue_name`` passes to take its jobs' slots itself
-    (``slots.FETCH_PREFIX``): "slots", then each keyed actor of the queue, its
+    (``slots.FETCH_PREFIX``): "slots", a take token (``token()``, called only
+    for a fetch that takes slots), then each keyed actor of the queue, its
     limit now and its template. Empty (the consumer asks after the fetch) for a
     queue without keyed actors, and while a key pattern's limit is overridden
     (patterns are matched in Python)."""
@@ -240,7 +242,7 @@ def fetch_args(queue_name: str) -> list[str | int]:
     overrides = limits.template_overrides()
     if overrides is None:
         return []
-    args: list[str | int] = ["slots"]
+    args: list[str | int] = []
     for name, declaration in queued:
         # The fetch replies with the actor's name in a tab-separated string:
         # an actor named otherwise (Dramatiq does not check names) is left to
@@ -248,23 +250,29 @@ def fetch_args(queue_name: str) -> list[str | int]:
         if name.isascii() and name.isprintable():
             limit = overrides.get(declaration.template, declaration.limit)
             args += [name, limit, declaration.template]
-    return args if len(args) > 1 else []
+    return ["slots", token(), *args] if args else []
 
 
-# Attribute of a MessageProxy: the key its slot was taken under (remember_key).
-_KEY_ATTRIBUTE = "_jobs_concurrency_key"
+# Attribute of a MessageProxy: the key its slot was taken under and the take's
+# token (remember_key).
+_TAKE_ATTRIBUTE = "_jobs_concurrency_take"
 
 
-def remember_key(message: dramatiq.MessageProxy, key: str | None) -> None:
-    """Note on the delivery the key its slot was taken under: the worker thread
-    that releases it then reads it, not builds it again (7 us a job)."""
+def remember_key(message: dramatiq.MessageProxy, key: str | None, token: int) -> None:
+    """Note on the delivery the key its slot was taken under, and the take's
+    token (``jobs.concurrency.takes``): the worker thread that releases it then
+    reads the key, not builds it again (7 us a job), and frees that take only."""
     if key is not None:
-        setattr(message, _KEY_ATTRIBUTE, key)
+        setattr(message, _TAKE_ATTRIBUTE, (key, token))
 
 
-def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.Held | None:
-    """The slot ``message``'s delivery holds (or would), to free; None without a key."""
-    key = getattr(message, _KEY_ATTRIBUTE, None)  # (noted on the delivery, the proxy)
+def held_slot(
+    message: dramatiq.Message[Any] | dramatiq.MessageProxy, token: int = 0
+) -> slots.Held | None:
+    """The slot ``message``'s delivery holds (or would), to free; None without
+    a key. ``token``: its take's, when the delivery does not note one (0: any
+    take of the delivery)."""
+    key, token = getattr(message, _TAKE_ATTRIBUTE, (None, token))  # (noted on the proxy)
     # The message itself: each attribute read through a MessageProxy is a
     # Python-level __getattr__, 0.5 us; three of them were most of this call.
     message = getattr(message, "_message", message)
@@ -275,7 +283,7 @@ def held_slot(message: dramatiq.Message[Any] | dramatiq.MessageProxy) -> slots.H
         key = _key(message, declaration)
     limit = limits.effective(declaration.template, key, declaration.limit)
     redis_id = message.options.get("redis_message_id", "")
-    return slots.Held(key, message.message_id, limit, redis_id)
+    return slots.Held(key, message.message_id, limit, redis_id, token)
 
 
 def limit_of(actor_name: str, key: str) -> int:

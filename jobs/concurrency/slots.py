@@ -44,6 +44,7 @@ from typing import Any, NamedTuple
 
 from jobs.broker.limits import CONCURRENCY_KEY
 from jobs.broker.scripts import LuaScript
+from jobs.concurrency import takes
 
 SLOTS = "__slots__."
 PARKED = "__parked__."
@@ -61,9 +62,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # Frees the slots of dead holders and of reservations never claimed. A holder
 # is dead as maintenance judges it (jobs.broker.clock): no heartbeat within the
-# timeout, and a contact period at least that old.
+# timeout, and a contact period at least that old. ``me`` and ``low`` (a
+# worker's own sweep): its broker id, and the take token below which it holds
+# nothing (``jobs.concurrency.takes``): its slots under such a token are freed,
+# whatever its heartbeat says (a release Redis lost, a take whose reply was lost).
 _PRUNE = """
-local function prune(ns, slots, timeout, now)
+local function prune(ns, slots, timeout, now, me, low)
     local since = tonumber(redis.call("get", ns .. ":__contact_since__") or "0")
     local judge = now - since >= timeout
     local entries = redis.call("hgetall", slots)
@@ -73,11 +77,16 @@ local function prune(ns, slots, timeout, now)
             if now - tonumber(string.match(value, "^%d+")) >= timeout then
                 redis.call("hdel", slots, entries[i])
             end
-        elseif judge then
+        else
             local broker_id = string.match(value, "^[^:]*")
-            local last = redis.call("zscore", ns .. ":__heartbeats__", broker_id)
-            if not last or now - tonumber(last) >= timeout then
+            local token = broker_id == me and tonumber(string.match(value, ":(%d+)$"))
+            if token and token < low then
                 redis.call("hdel", slots, entries[i])
+            elseif judge then
+                local last = redis.call("zscore", ns .. ":__heartbeats__", broker_id)
+                if not last or now - tonumber(last) >= timeout then
+                    redis.call("hdel", slots, entries[i])
+                end
             end
         end
     end
@@ -156,15 +165,19 @@ end
 # waited: how long a job a freed slot was reserved for had been parked (ms),
 # or -1. ``counted``: slots held per key as this script has counted them (one
 # HLEN per key and call, not per job: the script alone writes them meanwhile).
+# ``token``: the calling worker's take token (``jobs.concurrency.takes``).
 _TAKE = """
 local function take(
-    ns, broker_id, queue, key, limit, message_id, redis_id, template, timeout, now, acks, counted
+    ns, broker_id, queue, key, limit, message_id, redis_id, template, timeout, now, acks,
+    counted, token
 )
     local slots = ns .. ":__slots__." .. key
-    -- Per delivery, not per message: a second copy of the same message (sent
+    -- Per take, not per message: a second copy of the same message (sent
     -- again, or a retry whose first attempt's release is still pending) is
-    -- another job for the limit; only this delivery asking again is not.
-    local holder = "W:" .. broker_id .. ":" .. redis_id
+    -- another job for the limit, and so is an earlier take of this delivery
+    -- (fetched again while that take's release is pending); only this take
+    -- asking again is not.
+    local holder = "W:" .. broker_id .. ":" .. redis_id .. ":" .. token
     local first = counted[key] == nil
     local taken = counted[key] or redis.call("hlen", slots)
     -- The common case in one command: a free slot the message does not hold
@@ -183,11 +196,11 @@ local function take(
     local mine = redis.call("hget", slots, message_id)
     local waited = -1
     -- This delivery's own slot: its reservation, or (ACQUIRE, for a job in the
-    -- ack set) a slot it took already. A job the fetch has just taken from its
-    -- queue holds no slot yet: one under its own name is a stale holder's (its
-    -- release pending while Redis was away, a worker judged dead too early),
-    -- which frees it later; taking it now would run two jobs on one slot, so
-    -- the job waits behind it.
+    -- ack set) a slot this take holds already. A slot under the message's id
+    -- held by another take (of a twin copy, or of this delivery fetched before:
+    -- its release pending while Redis was away, a worker judged dead too early)
+    -- is freed by that take's release; taking it now would run two jobs on one
+    -- slot, so the job waits behind it.
     local own = mine and (string.sub(mine, 1, 1) == "R" or (acks and mine == holder))
     if own then
         if string.sub(mine, 1, 1) == "R" then
@@ -222,8 +235,8 @@ local function take(
 end
 """
 
-# KEYS: namespace. ARGV: broker id, queue, heartbeat timeout (ms), then per job
-# its key, limit, message id, redis message id and template. Per job its
+# KEYS: namespace. ARGV: broker id, queue, heartbeat timeout (ms), take token,
+# then per job its key, limit, message id, redis message id and template. Per job its
 # outcome and wait (``_TAKE``). One call per fetch, for jobs the fetch could not
 # take slots for (``FETCH_PREFIX``: sent by an older release, or while a key
 # pattern's limit is overridden): a round trip per job from the consumer
@@ -234,12 +247,13 @@ ACQUIRE = LuaScript(
     + _TAKE
     + """
 local ns, broker_id, queue, timeout = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local token = ARGV[4]
 local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
 local outcomes, counted = {}, {}
-for i = 4, #ARGV, 5 do
+for i = 5, #ARGV, 5 do
     local outcome, waited = take(
         ns, broker_id, queue, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
-        ARGV[i + 4], timeout, now, acks, counted
+        ARGV[i + 4], timeout, now, acks, counted, token
     )
     outcomes[#outcomes + 1] = outcome
     outcomes[#outcomes + 1] = waited
@@ -258,10 +272,11 @@ PARK_PER_FETCH = 100
 
 # In the dispatch script, after the fair prefix (whose chosen jobs are at the
 # head of the queue's list by then) and before dispatch.lua. With ARGV[10]
-# "slots" (the consumer's ``fetch_args``: the keyed actors of this queue, each
-# with its limit and template) this prefix is the fetch: it takes each job as
-# dispatch.lua's fetch does (into this worker's ack set) and its slot with it,
-# or parks it, so the consumer thread has no second round trip to make. A job
+# "slots" (the consumer's ``fetch_args``: its take token in ARGV[11], then the
+# keyed actors of this queue, each with its limit and template) this prefix is
+# the fetch: it takes each job as dispatch.lua's fetch does (into this
+# worker's ack set) and its slot with it, or parks it, so the consumer thread
+# has no second round trip to make. A job
 # without the option (sent by an older release), of an actor not listed, or
 # whose payload is not JSON is taken as it is, for the consumer's ``acquire``.
 # dispatch.lua then fetches nothing (its heartbeat and maintenance still run),
@@ -295,8 +310,9 @@ FETCH_PREFIX = (
     jobs_fetched = {{}}
     local ns, queue, broker_id = KEYS[1], ARGV[3], ARGV[4]
     local timeout = tonumber(ARGV[5])
+    local token = ARGV[11]
     local declared = {{}}
-    for i = 11, #ARGV, 3 do
+    for i = 12, #ARGV, 3 do
         declared[ARGV[i]] = {{tonumber(ARGV[i + 1]), ARGV[i + 2]}}
     end
     local queue_key = ns .. ":" .. queue
@@ -330,7 +346,7 @@ FETCH_PREFIX = (
                         local waited
                         outcome, waited = take(
                             ns, broker_id, queue, key, declaration[1], message_id,
-                            redis_id, declaration[2], timeout, jobs_now, nil, counted
+                            redis_id, declaration[2], timeout, jobs_now, nil, counted, token
                         )
                         if outcome == 1 and waited < 0 then
                             taken[n_taken + 1] = message_id
@@ -374,13 +390,15 @@ class Decided(NamedTuple):
     waited: float | None  # seconds it had waited parked, for a reserved slot
     key: str
     actor_name: str
+    token: int  # the take's (``jobs.concurrency.takes``)
 
 
-def decided(info: list[Any]) -> list[Decided]:
-    """``jobs_slot_info``, the last element of a fetch's reply, per job."""
+def decided(info: list[Any], token: int) -> list[Decided]:
+    """``jobs_slot_info``, the last element of the reply to the fetch of take
+    token ``token``, per job."""
     fields = _text(info[0]).split("\t") if info[0] else []
     jobs = [
-        Decided(fields[i], TAKEN, None, fields[i + 1], fields[i + 2])
+        Decided(fields[i], TAKEN, None, fields[i + 1], fields[i + 2], token)
         for i in range(0, len(fields), 3)
     ]
     jobs += [
@@ -390,6 +408,7 @@ def decided(info: list[Any]) -> list[Decided]:
             None if int(info[i + 2]) < 0 else int(info[i + 2]) / 1000,
             _text(info[i + 3]),
             _text(info[i + 4]),
+            token,
         )
         for i in range(1, len(info), 5)
     ]
@@ -413,9 +432,10 @@ def wrap_dispatch(body: str) -> str:
 
 # KEYS: namespace. ARGV: broker id, then the jobs as JSON, grouped by key:
 # [[key, limit, [message id, ...], [redis message id ("": any delivery of
-# this worker), ...]], ...], at most ``GROUP_MAX`` jobs a group. Frees each
-# job's slot (held by this delivery, or reserved for the message; not a slot
-# another copy of the same message holds) and hands what is free to parked
+# this worker), ...], [take token (0: any take of the delivery), ...]], ...],
+# at most ``GROUP_MAX`` jobs a group. Frees each job's slot (held by this
+# take, or reserved for the delivery; not a slot another copy of the same
+# message holds, nor a later take of the same delivery) and hands what is free to parked
 # jobs; returns how many it started, then the keys that had jobs parked
 # (``waited``). One JSON argument rather than four a job: on this project's
 # 2-core VM each argument cost the release thread about 1.8 us of CPU (redis-py
@@ -430,12 +450,13 @@ local waited = {}
 local prefix = "W:" .. ARGV[1] .. ":"
 for _, group in ipairs(cjson.decode(ARGV[2])) do
     local key, limit, message_ids, redis_ids = group[1], group[2], group[3], group[4]
+    local tokens = group[5] or {}
     local slots = KEYS[1] .. ":__slots__." .. key
     -- A key's holders in one HMGET and its freed slots in one HDEL: a
     -- command a job cost Redis about as much as what the command did.
     local holders, freed = redis.call("hmget", slots, unpack(message_ids)), 0
     for j = 1, #message_ids do
-        local redis_id = redis_ids[j]
+        local redis_id, token = redis_ids[j], tokens[j] or 0
         local holder = prefix .. redis_id
         local held = holders[j]
         -- A reservation: only for this delivery (a job handed back before it
@@ -446,8 +467,12 @@ for _, group in ipairs(cjson.decode(ARGV[2])) do
         -- slot of a payload its consumer could not decode; one slot per message id).
         local reserved_for = held and string.sub(held, 1, 1) == "R"
             and (string.match(held, "^R:%d+:(.*):%d+$") or redis_id)
-        if held and (held == holder or reserved_for == redis_id or (redis_id == ""
-                and (reserved_for or string.sub(held, 1, #holder) == holder))) then
+        -- A take this process cannot name (0): any take of the delivery.
+        if held and (held == holder .. ":" .. token or reserved_for == redis_id
+                or (token == 0 and (held == holder
+                    or string.sub(held, 1, #holder + 1) == holder .. ":"))
+                or (redis_id == ""
+                    and (reserved_for or string.sub(held, 1, #holder) == holder))) then
             freed = freed + 1
             holders[freed] = message_ids[j]  -- (the reply's table, reused)
         end
@@ -475,17 +500,19 @@ return waited
 """
 )
 
-# KEYS: namespace. ARGV: heartbeat timeout (ms), then keys with parked jobs.
-# Frees dead holders' slots and starts parked jobs where that made room.
+# KEYS: namespace. ARGV: heartbeat timeout (ms), the sweeping worker's broker
+# id and low-water take token (``_PRUNE``), then keys with parked jobs. Frees
+# dead holders' slots and starts parked jobs where that made room.
 SWEEP = LuaScript(
     _NOW
     + _PRUNE
     + _UNPARK
     + """
 local ns, timeout, started = KEYS[1], tonumber(ARGV[1]), 0
-for i = 2, #ARGV do
+local me, low = ARGV[2], tonumber(ARGV[3])
+for i = 4, #ARGV do
     local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", ARGV[i]) or "1")
-    prune(ns, ns .. ":__slots__." .. ARGV[i], timeout, now)
+    prune(ns, ns .. ":__slots__." .. ARGV[i], timeout, now, me, low)
     started = started + unpark(ns, ARGV[i], limit, now)
 end
 return started
@@ -524,57 +551,79 @@ def acquire(
     broker_id: str,
     queue_name: str,
     timeout_ms: int,
+    token: int | None = None,
 ) -> list[tuple[int, float | None]]:
     """Per job: ``TAKEN``, ``PARKED_NOW`` or ``NOT_OURS`` (see ``ACQUIRE``), and
-    for a job that waited parked, for how long (seconds; None for the others)."""
-    args: list[str | int] = [broker_id, queue_name, timeout_ms]
-    for job in wanted:
-        args += [job.key, job.limit, job.message_id, job.redis_message_id, job.template]
-    reply = ACQUIRE(client, [namespace], args)
-    return [
-        (int(outcome), None if int(waited) < 0 else int(waited) / 1000)
-        for outcome, waited in zip(reply[::2], reply[1::2], strict=True)
-    ]
+    for a job that waited parked, for how long (seconds; None for the others).
+    ``token``: the take token (``jobs.concurrency.takes``) the caller got for
+    this call, which it ends; a new one without."""
+    book = takes.of(broker_id)
+    if token is None:
+        token = book.call()
+    taken: list[str] = []
+    try:
+        args: list[str | int] = [broker_id, queue_name, timeout_ms, token]
+        for job in wanted:
+            args += [job.key, job.limit, job.message_id, job.redis_message_id, job.template]
+        reply = ACQUIRE(client, [namespace], args)
+        outcomes = [
+            (int(outcome), None if int(waited) < 0 else int(waited) / 1000)
+            for outcome, waited in zip(reply[::2], reply[1::2], strict=True)
+        ]
+        taken = [job.message_id for job, o in zip(wanted, outcomes, strict=True) if o[0] == TAKEN]
+    finally:
+        book.called(token, taken)
+    return outcomes
 
 
 class Held(NamedTuple):
-    """A slot to free: the job's key, its message id, the key's limit and the
-    delivery's redis message id. (A tuple: one is built after every keyed job,
-    in a third of a frozen dataclass's time.)"""
+    """A slot to free: the job's key, its message id, the key's limit, the
+    delivery's redis message id and the take token (0: any take of the
+    delivery). (A tuple: one is built after every keyed job, in a third of a
+    frozen dataclass's time.)"""
 
     key: str
     message_id: str
     limit: int
     redis_message_id: str
+    token: int = 0
 
 
 def release(client: Any, namespace: str, held: list[Held], *, broker_id: str) -> int:
     """Free the slots of ``held``; the number of parked jobs started. The keys
     that had jobs parked are noted as waited for (``waited_for``)."""
-    return released(RELEASE(client, [namespace], release_args(held, broker_id=broker_id)))
+    reply = RELEASE(client, [namespace], release_args(held, broker_id=broker_id))
+    return released(reply, held, broker_id=broker_id)
 
 
 def release_args(held: list[Held], *, broker_id: str) -> list[str | int]:
     """``RELEASE``'s ARGV for ``held`` (its KEYS: the namespace), for a caller
     that sends it in a pipeline of its own (``jobs.broker.acks``)."""
-    groups: dict[str, tuple[list[str], list[str]]] = {}
+    groups: dict[str, tuple[list[str], list[str], list[int]]] = {}
     # One group per key, under the limit of its last job: the most recent
     # release, so the current limit (an override may change mid-batch).
     limit: dict[str, int] = {}
     for slot in held:
-        message_ids, redis_ids = groups.setdefault(slot.key, ([], []))
+        message_ids, redis_ids, tokens = groups.setdefault(slot.key, ([], [], []))
         # str(): Dramatiq decodes a message id that is a JSON number as one;
         # ACQUIRE took its slot under redis-py's spelling (repr, the same as
         # str), which a JSON number read by cjson would not keep.
         message_ids.append(str(slot.message_id))
         redis_ids.append(str(slot.redis_message_id))
+        tokens.append(slot.token)
         limit[slot.key] = slot.limit
     # Either form reaches Lua as the UTF-8 bytes redis-py sends for the key
     # elsewhere (cjson decodes JSON's escapes); without escapes it is shorter.
     jobs_json = json.dumps(
         [
-            [key, limit[key], message_ids[i : i + GROUP_MAX], redis_ids[i : i + GROUP_MAX]]
-            for key, (message_ids, redis_ids) in groups.items()
+            [
+                key,
+                limit[key],
+                message_ids[i : i + GROUP_MAX],
+                redis_ids[i : i + GROUP_MAX],
+                tokens[i : i + GROUP_MAX],
+            ]
+            for key, (message_ids, redis_ids, tokens) in groups.items()
             for i in range(0, len(message_ids), GROUP_MAX)
         ],
         ensure_ascii=False,
@@ -582,9 +631,11 @@ def release_args(held: list[Held], *, broker_id: str) -> list[str | int]:
     return [broker_id, jobs_json]
 
 
-def released(reply: list[Any]) -> int:
-    """``RELEASE``'s reply: the number of parked jobs it started; the keys that
-    had jobs parked are noted as waited for (``waited_for``)."""
+def released(reply: list[Any], held: list[Held], *, broker_id: str) -> int:
+    """``RELEASE``'s reply to the release of ``held``: the number of parked
+    jobs it started; the keys that had jobs parked are noted as waited for
+    (``waited_for``), and the takes as released (``jobs.concurrency.takes``)."""
+    takes.of(broker_id).released((slot.message_id, slot.token) for slot in held)
     for key in reply[1:]:
         note_waited(_text(key))
     return int(reply[0])
@@ -614,17 +665,27 @@ def waited_for(key: str) -> bool:
 
 
 def sweep(
-    client: Any, namespace: str, *, timeout_ms: int, cursor: int = 0, among: str = PARKED_KEYS
+    client: Any,
+    namespace: str,
+    *,
+    timeout_ms: int,
+    cursor: int = 0,
+    among: str = PARKED_KEYS,
+    broker_id: str = "",
 ) -> tuple[int, int]:
     """One pass over up to ``KEYS_PER_SWEEP`` keys of ``among``: those with
     parked jobs (``PARKED_KEYS``, each second: jobs wait behind them), or every
     key with a slot (``SLOT_KEYS``: a dead worker's slots on a key nothing waits
-    for, which would otherwise stay in Redis). (next cursor, jobs started);
-    cursor 0 again means the set was walked through."""
+    for, which would otherwise stay in Redis). ``broker_id``: the sweeping
+    worker's, whose own slots under takes it no longer holds are freed too
+    (``jobs.concurrency.takes``). (next cursor, jobs started); cursor 0 again
+    means the set was walked through."""
+    # Read before the set: a take after this point has a higher token.
+    low = takes.of(broker_id).low_water() if broker_id else 0
     cursor, keys = client.sscan(f"{namespace}:{among}", cursor, count=KEYS_PER_SWEEP)
     if not keys:
         return int(cursor), 0
-    return int(cursor), int(SWEEP(client, [namespace], [timeout_ms, *keys]))
+    return int(cursor), int(SWEEP(client, [namespace], [timeout_ms, broker_id, low, *keys]))
 
 
 def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | None]) -> int:
@@ -644,7 +705,7 @@ def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | N
     for start in range(0, len(changed), KEYS_PER_SWEEP):
         chunk = changed[start : start + KEYS_PER_SWEEP]
         client.hset(f"{namespace}:{LIMITS}", mapping={key: new_limits[key] for key in chunk})
-        started += int(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, *chunk]))
+        started += int(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, "", 0, *chunk]))
     return started
 
 

@@ -239,7 +239,9 @@ class Concurrency(dramatiq.Middleware):
 
     def _sweep(self, broker: Any, cursors: dict[str, int]) -> None:
         """Keys with parked jobs first (jobs wait behind a dead holder), then a
-        share of every key with slots (a dead holder's slots nobody waits for)."""
+        share of every key with slots (a dead holder's slots nobody waits for).
+        Slots this worker holds under takes it has released (a release Redis
+        lost) go too (``jobs.concurrency.takes``)."""
         started = 0
         for among, cursor in cursors.items():
             cursors[among], count = slots.sweep(
@@ -248,7 +250,8 @@ class Concurrency(dramatiq.Middleware):
                 timeout_ms=int(broker.heartbeat_timeout),
                 cursor=cursor,
                 among=among,
+                broker_id=broker.broker_id,
             )
             started += count
         if started:
-            logger.info("Started %d parked job(s) whose slots a dead worker held", started)
+            logger.info("Started %d parked job(s) whose slots were freed by the sweep", started)

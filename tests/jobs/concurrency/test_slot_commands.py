@@ -52,8 +52,9 @@ def test_a_fetch_and_a_release_of_one_keys_jobs_run_a_few_commands_not_several_a
         report.send("t", 0.0)
     client = rb.client
     client.config_resetstat()
-    reply = rb.do_fetch(QUEUE, jobs, "slots", report.actor_name, 100, "tenant:{tenant}")
-    taken = slots.decided(reply.pop())
+    token = 7  # (the worker's take token for this fetch)
+    reply = rb.do_fetch(QUEUE, jobs, "slots", token, report.actor_name, 100, "tenant:{tenant}")
+    taken = slots.decided(reply.pop(), token)
     assert len(reply) == jobs
     assert [job.outcome for job in taken] == [slots.TAKEN] * jobs
     fetch = _commands_inside(client)
@@ -63,12 +64,14 @@ def test_a_fetch_and_a_release_of_one_keys_jobs_run_a_few_commands_not_several_a
     assert sum(fetch.values()) <= jobs + _BOOKKEEPING, fetch
 
     client.config_resetstat()
-    # Each freed by the delivery that took it (its redis message id).
+    # Each freed by the take that took it (its redis message id and token).
     delivery = {
         message.message_id: message.options["redis_message_id"]
         for message in map(dramatiq.Message.decode, reply)
     }
-    held = [slots.Held(job.key, job.message_id, 100, delivery[job.message_id]) for job in taken]
+    held = [
+        slots.Held(job.key, job.message_id, 100, delivery[job.message_id], token) for job in taken
+    ]
     slots.release(client, rb.namespace, held, broker_id=rb.broker_id)
     release = _commands_inside(client)
     assert sum(release.values()) <= _BOOKKEEPING, release
@@ -86,10 +89,10 @@ def test_a_release_of_more_jobs_of_one_key_than_lua_can_unpack_frees_them_all(
     client = rb.client
     client.hset(
         f"{rb.namespace}:__slots__.{key}",
-        mapping={f"m{i}": f"W:{rb.broker_id}:r{i}" for i in range(jobs)},
+        mapping={f"m{i}": f"W:{rb.broker_id}:r{i}:3" for i in range(jobs)},
     )
     client.sadd(f"{rb.namespace}:{slots.SLOT_KEYS}", key)
-    held = [slots.Held(key, f"m{i}", 10_000, f"r{i}") for i in range(jobs)]
+    held = [slots.Held(key, f"m{i}", 10_000, f"r{i}", 3) for i in range(jobs)]
     slots.release(client, rb.namespace, held, broker_id=rb.broker_id)
     assert slots.holders(client, rb.namespace, key) == {}
     assert not client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}")

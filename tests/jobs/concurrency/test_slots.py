@@ -524,8 +524,8 @@ def test_a_limit_below_one_written_by_hand_runs_no_job(broker: dramatiq.Broker) 
     # say 0. An empty key then parks its jobs rather than taking a slot.
     rb = redis_broker()
     report.send("zero", 0.0)
-    reply = rb.do_fetch(QUEUE, 1, "slots", report.actor_name, 0, "tenant:{tenant}")
-    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.PARKED_NOW]
+    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 0, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.PARKED_NOW]
     assert reply == []
     assert slots.holders(rb.client, rb.namespace, "tenant:zero") == {}
     outcomes = slots.acquire(
@@ -547,8 +547,8 @@ def test_a_take_puts_a_key_missing_from_the_keys_with_slots_back(broker: dramati
     rb = redis_broker()
     rb.client.hset(f"{rb.namespace}:__slots__.tenant:q", "dead-job", "W:ghost:r")
     report.send("q", 0.0)
-    reply = rb.do_fetch(QUEUE, 1, "slots", report.actor_name, 5, "tenant:{tenant}")
-    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.TAKEN]
+    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 5, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.TAKEN]
     assert rb.client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}") == {b"tenant:q"}
 
 
@@ -606,22 +606,25 @@ def test_a_fetched_job_whose_own_slot_is_still_held_waits_for_its_release(
     # A worker hands a job back while Redis is away: the job's release stays
     # pending, and when Redis returns the job is fetched again, by the same
     # worker, before the release goes. Its slot is still held under its own
-    # delivery; taken as its own, the job ran and the late release then freed
-    # the slot under it, letting another job of the key run beside it.
+    # delivery (take 1); taken as its own, the job ran and the late release
+    # then freed the slot under it, letting another job of the key run beside it.
     rb = redis_broker()
     namespace, client = rb.namespace, rb.client
     job = report.send("stale", 0.0)
     (redis_id,) = [slots._text(rid) for rid in client.lrange(f"{namespace}:{QUEUE}", 0, -1)]
-    holder = f"W:{rb.broker_id}:{redis_id}"
-    client.hset(f"{namespace}:__slots__.tenant:stale", job.message_id, holder)
+    client.hset(
+        f"{namespace}:__slots__.tenant:stale", job.message_id, f"W:{rb.broker_id}:{redis_id}:1"
+    )
     client.sadd(f"{namespace}:{slots.SLOT_KEYS}", "tenant:stale")
-    fetch_args = ("slots", report.actor_name, 1, "tenant:{tenant}")
-    reply = rb.do_fetch(QUEUE, 1, *fetch_args)
-    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.PARKED_NOW]
+    fetch_args = (report.actor_name, 1, "tenant:{tenant}")
+    reply = rb.do_fetch(QUEUE, 1, "slots", 2, *fetch_args)
+    assert [job.outcome for job in slots.decided(reply.pop(), 2)] == [slots.PARKED_NOW]
     assert slots.parked(client, namespace, "tenant:stale") == [job.message_id]
     # The pending release goes: the job gets the slot and is fetched again.
-    held = [slots.Held("tenant:stale", job.message_id, 1, redis_id)]
+    held = [slots.Held("tenant:stale", job.message_id, 1, redis_id, 1)]
     assert slots.release(client, namespace, held, broker_id=rb.broker_id) == 1
-    reply = rb.do_fetch(QUEUE, 1, *fetch_args)
-    assert [job.outcome for job in slots.decided(reply.pop())] == [slots.TAKEN]
-    assert slots.holders(client, namespace, "tenant:stale") == {job.message_id: holder}
+    reply = rb.do_fetch(QUEUE, 1, "slots", 3, *fetch_args)
+    assert [job.outcome for job in slots.decided(reply.pop(), 3)] == [slots.TAKEN]
+    assert slots.holders(client, namespace, "tenant:stale") == {
+        job.message_id: f"W:{rb.broker_id}:{redis_id}:3"
+    }

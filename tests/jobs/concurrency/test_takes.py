@@ -1,0 +1,158 @@
+"""Take tokens (``jobs.concurrency.takes``): a slot is held by one take of a
+delivery, freed by that take's release only, and a slot Redis kept after its
+release (lost by a failover) is freed by its own worker's sweep."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+
+import dramatiq
+import pytest
+
+from jobs.broker import redis_broker
+from jobs.concurrency import slots, takes
+from tests.conftest import wait_until
+from tests.jobs.concurrency.actors import QUEUE, pack, runs, start_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_job_asking_for_its_slot_waits_behind_an_earlier_take_of_its_delivery(
+    broker: dramatiq.Broker,
+) -> None:
+    # The consumer's ACQUIRE (a message without its key: an older sender, a
+    # key pattern's limit overridden) for a job handed back and fetched again
+    # by the same worker while its earlier take's release is pending (Redis
+    # was away). Taken as its own, the job ran, and the late release then
+    # freed the slot under it: two jobs of the key at once under a limit of 1.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    key, earlier = "order:stale", f"W:{rb.broker_id}:r1:1"
+    client.hset(f"{namespace}:__slots__.{key}", "M", earlier)
+    client.hset(f"{namespace}:{QUEUE}.msgs", "r1", "{}")
+    client.sadd(f"{namespace}:__acks__.{rb.broker_id}.{QUEUE}", "r1")  # fetched again
+    client.zadd(f"{namespace}:__heartbeats__", {rb.broker_id: client.time()[0] * 1000})  # alive
+    ask = functools.partial(
+        slots.acquire, client, namespace, broker_id=rb.broker_id, queue_name=QUEUE, timeout_ms=60000
+    )
+    wanted = [slots.Wanted(key, 1, "M", "r1")]
+    [(outcome, _)] = ask(wanted, token=2)
+    assert outcome == slots.PARKED_NOW
+    assert slots.holders(client, namespace, key) == {"M": earlier}
+    # The pending release of take 1 goes: the slot is handed to the job.
+    held = [slots.Held(key, "M", 1, "r1", 1)]
+    assert slots.release(client, namespace, held, broker_id=rb.broker_id) == 1
+    assert slots.holders(client, namespace, key)["M"].startswith("R:")
+
+
+def test_a_take_asking_again_keeps_its_own_slot(broker: dramatiq.Broker) -> None:
+    # The same take asking a second time (its reply lost): its own slot, not a wait.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    client.sadd(f"{namespace}:__acks__.{rb.broker_id}.{QUEUE}", "r1")
+    ask = functools.partial(
+        slots.acquire, client, namespace, broker_id=rb.broker_id, queue_name=QUEUE, timeout_ms=60000
+    )
+    wanted = [slots.Wanted("order:again", 1, "M", "r1")]
+    for _ in range(2):
+        [(outcome, _)] = ask(wanted, token=5)
+        assert outcome == slots.TAKEN
+    assert slots.holders(client, namespace, "order:again") == {"M": f"W:{rb.broker_id}:r1:5"}
+
+
+def test_a_release_sent_again_never_frees_a_later_take_of_its_delivery(
+    broker: dramatiq.Broker,
+) -> None:
+    # Take 1's release went, its reply was lost, and it is sent again; the
+    # delivery was fetched again meanwhile and holds the slot under take 2.
+    # The second sending must leave take 2's slot alone.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    key = "order:twice"
+    client.hset(f"{namespace}:__slots__.{key}", "M", f"W:{rb.broker_id}:r1:2")
+    again = [slots.Held(key, "M", 1, "r1", 1)]
+    slots.release(client, namespace, again, broker_id=rb.broker_id)
+    assert slots.holders(client, namespace, key) == {"M": f"W:{rb.broker_id}:r1:2"}
+    # Take 2's own release frees it; so would one that cannot name its take.
+    slots.release(client, namespace, [slots.Held(key, "M", 1, "r1", 2)], broker_id=rb.broker_id)
+    assert slots.holders(client, namespace, key) == {}
+    client.hset(f"{namespace}:__slots__.{key}", "M", f"W:{rb.broker_id}:r1:3")
+    slots.release(client, namespace, [slots.Held(key, "M", 1, "r1")], broker_id=rb.broker_id)
+    assert slots.holders(client, namespace, key) == {}
+
+
+def test_the_low_water_take_is_the_oldest_held_or_in_flight() -> None:
+    book = takes.Takes()
+    first, second = book.call(), book.call()
+    assert book.low_water() == first  # both in flight
+    book.called(first, ["m1"])
+    book.called(second, [])  # its reply lost, or nothing taken
+    assert book.low_water() == first  # m1 still holds its slot
+    book.released([("m1", first), ("m1", first)])  # (twice: harmless)
+    assert book.low_water() == second + 1
+    third = book.call()
+    book.called(third, ["m3"])
+    book.released([("m3", first)])  # another take's release: not this one's
+    assert book.low_water() == third
+
+
+def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramatiq.Broker) -> None:
+    # Redis lost a release (a failover before it reached the replica): the
+    # slot stays under a live worker, whose heartbeat no verdict questions.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    me = f"sweeper-{uuid.uuid4()}"
+    book = takes.of(me)
+    lost = book.call()
+    book.called(lost, ["m0"])
+    book.released([("m0", lost)])  # Redis answered the release, then lost it
+    running = book.call()
+    book.called(running, ["m1"])
+    in_flight = book.call()  # a fetch whose reply is on its way
+    key = "order:swept"
+    now_ms = client.time()[0] * 1000
+    client.zadd(f"{namespace}:__heartbeats__", {me: now_ms, "other": now_ms})
+    client.hset(
+        f"{namespace}:__slots__.{key}",
+        mapping={
+            "m0": f"W:{me}:r0:{lost}",
+            "m1": f"W:{me}:r1:{running}",
+            "m2": f"W:{me}:r2:{in_flight}",
+            "mo": f"W:other:ro:{lost}",  # another worker's, under the same number
+        },
+    )
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", key)
+    sweep = functools.partial(
+        slots.sweep, client, namespace, timeout_ms=60_000, among=slots.SLOT_KEYS
+    )
+    sweep()  # a sweep outside any worker frees none
+    assert len(slots.holders(client, namespace, key)) == 4
+    sweep(broker_id=me)
+    assert set(slots.holders(client, namespace, key)) == {"m1", "m2", "mo"}
+    book.released([("m1", running)])
+    book.called(in_flight, [])
+    sweep(broker_id=me)
+    assert set(slots.holders(client, namespace, key)) == {"mo"}
+
+
+def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # A job ends and its release goes; Redis then loses it (the holder comes
+    # back, as after a failover to a replica that had not received the HDEL).
+    # The worker beats on, so no verdict frees the slot: before take tokens,
+    # every later job of the key waited until that worker process stopped.
+    rb = redis_broker()
+    namespace, client = rb.namespace, rb.client
+    start_worker(workers, broker, threads=2)
+    first = pack.send(7, 0.3)
+    wait_until(lambda: slots.holders(client, namespace, "order:7"))
+    holder = slots.holders(client, namespace, "order:7")[first.message_id]
+    wait_until(lambda: len(runs) == 1 and not slots.holders(client, namespace, "order:7"))
+    client.hset(f"{namespace}:__slots__.order:7", first.message_id, holder)
+    client.sadd(f"{namespace}:{slots.SLOT_KEYS}", "order:7")
+    pack.send(7, 0.0)
+    # Freed by the worker's own sweep (one a second); generous bound.
+    wait_until(lambda: len(runs) == 2, timeout=10)
+    wait_until(lambda: not slots.holders(client, namespace, "order:7"))
