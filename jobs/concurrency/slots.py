@@ -62,12 +62,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 # Frees the slots of dead holders and of reservations never claimed. A holder
 # is dead as maintenance judges it (jobs.broker.clock): no heartbeat within the
-# timeout, and a contact period at least that old. ``me`` and ``low`` (a
-# worker's own sweep): its broker id, and the take token below which it holds
-# nothing (``jobs.concurrency.takes``): its slots under such a token are freed,
-# whatever its heartbeat says (a release Redis lost, a take whose reply was lost).
+# timeout, and a contact period at least that old. ``me``, ``upto`` and
+# ``live`` (a worker's own sweep): its broker id, and the take tokens that may
+# still hold its slots (``jobs.concurrency.takes``): those in ``live`` and
+# from ``upto`` on. Its slots under another token are freed, whatever its
+# heartbeat says (a release Redis lost, a take whose reply was lost).
 _PRUNE = """
-local function prune(ns, slots, timeout, now, me, low)
+local function prune(ns, slots, timeout, now, me, upto, live)
     local since = tonumber(redis.call("get", ns .. ":__contact_since__") or "0")
     local judge = now - since >= timeout
     local entries = redis.call("hgetall", slots)
@@ -79,8 +80,8 @@ local function prune(ns, slots, timeout, now, me, low)
             end
         else
             local broker_id = string.match(value, "^[^:]*")
-            local token = broker_id == me and tonumber(string.match(value, ":(%d+)$"))
-            if token and token < low then
+            local token = broker_id == me and string.match(value, ":(%d+)$")
+            if token and tonumber(token) < upto and not live[token] then
                 redis.call("hdel", slots, entries[i])
             elseif judge then
                 local last = redis.call("zscore", ns .. ":__heartbeats__", broker_id)
@@ -501,7 +502,8 @@ return waited
 )
 
 # KEYS: namespace. ARGV: heartbeat timeout (ms), the sweeping worker's broker
-# id and low-water take token (``_PRUNE``), then keys with parked jobs. Frees
+# id, its next take token and its live ones, comma-separated (``_PRUNE``), then
+# keys with parked jobs. Frees
 # dead holders' slots and starts parked jobs where that made room.
 SWEEP = LuaScript(
     _NOW
@@ -509,10 +511,13 @@ SWEEP = LuaScript(
     + _UNPARK
     + """
 local ns, timeout, started = KEYS[1], tonumber(ARGV[1]), 0
-local me, low = ARGV[2], tonumber(ARGV[3])
-for i = 4, #ARGV do
+local me, upto, live = ARGV[2], tonumber(ARGV[3]), {}
+for token in string.gmatch(ARGV[4], "%d+") do
+    live[token] = true
+end
+for i = 5, #ARGV do
     local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", ARGV[i]) or "1")
-    prune(ns, ns .. ":__slots__." .. ARGV[i], timeout, now, me, low)
+    prune(ns, ns .. ":__slots__." .. ARGV[i], timeout, now, me, upto, live)
     started = started + unpark(ns, ARGV[i], limit, now)
 end
 return started
@@ -680,12 +685,14 @@ def sweep(
     worker's, whose own slots under takes it no longer holds are freed too
     (``jobs.concurrency.takes``). (next cursor, jobs started); cursor 0 again
     means the set was walked through."""
-    # Read before the set: a take after this point has a higher token.
-    low = takes.of(broker_id).low_water() if broker_id else 0
+    # Read before the sweep: a take after this point has a token from ``next`` on.
+    next_token, live = takes.of(broker_id).settled() if broker_id else (0, set())
     cursor, keys = client.sscan(f"{namespace}:{among}", cursor, count=KEYS_PER_SWEEP)
     if not keys:
         return int(cursor), 0
-    return int(cursor), int(SWEEP(client, [namespace], [timeout_ms, broker_id, low, *keys]))
+    live_tokens = ",".join(map(str, sorted(live)))
+    args = [timeout_ms, broker_id, next_token, live_tokens, *keys]
+    return int(cursor), int(SWEEP(client, [namespace], args))
 
 
 def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | None]) -> int:
@@ -705,7 +712,7 @@ def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | N
     for start in range(0, len(changed), KEYS_PER_SWEEP):
         chunk = changed[start : start + KEYS_PER_SWEEP]
         client.hset(f"{namespace}:{LIMITS}", mapping={key: new_limits[key] for key in chunk})
-        started += int(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, "", 0, *chunk]))
+        started += int(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, "", 0, "", *chunk]))
     return started
 
 

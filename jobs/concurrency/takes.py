@@ -12,15 +12,15 @@ another's and waits for it, whichever way it asks for its slot.
 This module keeps, per broker id, the takes that may still hold a slot: each
 job whose take this process learnt of (until Redis confirms its release), and
 each call in flight (its reply not read yet: it may have taken slots this
-process has not heard of). Every token below the smallest of them
-(``low_water``) holds nothing any more, as far as this process knows; a slot
-Redis still shows under one of them was released and then lost by Redis (a
-failover before the release reached a replica, a restart with ``appendfsync
-everysec``), or taken by a call whose reply was lost. No verdict frees such a
-slot (its holder is alive and beating), so this worker's own sweep does
-(``slots.SWEEP``). An entry kept too long only delays that; an entry dropped
-too early would free a running job's slot, so an entry leaves only on a reply
-from Redis, and dropping one twice is harmless.
+process has not heard of). Any other token given out before (``settled``)
+holds nothing any more, as far as this process knows; a slot Redis still
+shows under one was released and then lost by Redis (a failover before the
+release reached a replica, a restart with ``appendfsync everysec``), or taken
+by a call whose reply was lost. No verdict frees such a slot (its holder is
+alive and beating), so this worker's own sweep does (``slots.SWEEP``). An
+entry kept too long only keeps its own token's slots (a long job delays no
+other's); an entry dropped too early would free a running job's slot, so an
+entry leaves only on a reply from Redis, and dropping one twice is harmless.
 """
 
 from __future__ import annotations
@@ -62,14 +62,13 @@ class Takes:
             for message_id, token in jobs:
                 self._held.pop((str(message_id), token), None)
 
-    def low_water(self) -> int:
-        """Every token below this one holds no slot as far as this process knows."""
+    def settled(self) -> tuple[int, set[int]]:
+        """(next, live): every token below ``next`` but those in ``live`` holds
+        no slot as far as this process knows."""
         with self._lock:
-            low = min(self._calls, default=self._next)
-            # (A sweep a second: a walk over the few hundred jobs a worker holds.)
-            for _, token in self._held:
-                low = min(low, token)
-            return low
+            # (A sweep a second: a walk over the few hundred jobs a worker holds;
+            # their tokens are few, one per fetch.)
+            return self._next, self._calls | {token for _, token in self._held}
 
 
 _by_broker: dict[str, Takes] = {}

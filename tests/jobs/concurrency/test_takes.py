@@ -82,19 +82,19 @@ def test_a_release_sent_again_never_frees_a_later_take_of_its_delivery(
     assert slots.holders(client, namespace, key) == {}
 
 
-def test_the_low_water_take_is_the_oldest_held_or_in_flight() -> None:
+def test_the_settled_takes_are_those_neither_held_nor_in_flight() -> None:
     book = takes.Takes()
     first, second = book.call(), book.call()
-    assert book.low_water() == first  # both in flight
+    assert book.settled() == (second + 1, {first, second})  # both in flight
     book.called(first, ["m1"])
     book.called(second, [])  # its reply lost, or nothing taken
-    assert book.low_water() == first  # m1 still holds its slot
+    assert book.settled() == (second + 1, {first})  # m1 still holds its slot
     book.released([("m1", first), ("m1", first)])  # (twice: harmless)
-    assert book.low_water() == second + 1
+    assert book.settled() == (second + 1, set())
     third = book.call()
     book.called(third, ["m3"])
     book.released([("m3", first)])  # another take's release: not this one's
-    assert book.low_water() == third
+    assert book.settled() == (third + 1, {third})
 
 
 def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramatiq.Broker) -> None:
@@ -109,6 +109,9 @@ def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramati
     book.released([("m0", lost)])  # Redis answered the release, then lost it
     running = book.call()
     book.called(running, ["m1"])
+    lost_later = book.call()  # a later take, lost too: a long job delays no other's
+    book.called(lost_later, ["m3"])
+    book.released([("m3", lost_later)])
     in_flight = book.call()  # a fetch whose reply is on its way
     key = "order:swept"
     now_ms = client.time()[0] * 1000
@@ -119,6 +122,7 @@ def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramati
             "m0": f"W:{me}:r0:{lost}",
             "m1": f"W:{me}:r1:{running}",
             "m2": f"W:{me}:r2:{in_flight}",
+            "m3": f"W:{me}:r3:{lost_later}",
             "mo": f"W:other:ro:{lost}",  # another worker's, under the same number
         },
     )
@@ -127,7 +131,7 @@ def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramati
         slots.sweep, client, namespace, timeout_ms=60_000, among=slots.SLOT_KEYS
     )
     sweep()  # a sweep outside any worker frees none
-    assert len(slots.holders(client, namespace, key)) == 4
+    assert len(slots.holders(client, namespace, key)) == 5
     sweep(broker_id=me)
     assert set(slots.holders(client, namespace, key)) == {"m1", "m2", "mo"}
     book.released([("m1", running)])
