@@ -164,6 +164,9 @@ class LedgerOrderedConsumer(_RedisConsumer):
         self.work_queue = room.work_queue_of(threading.current_thread())
         # Slots taken for jobs still in the fetch cache (``_slot_taken``).
         self.slots_taken: dict[str, slots.Decided] = {}
+        # Jobs an ACQUIRE whose reply was lost asked for: message id -> its take
+        # token (their slots, if it took them, are freed under it).
+        self.maybe_taken: dict[str, int] = {}
         self.parked_by_fetch = 0  # jobs the last fetch parked (``note_fetched_slots``)
 
     def __next__(self) -> dramatiq.MessageProxy | None:
@@ -219,6 +222,11 @@ class LedgerOrderedConsumer(_RedisConsumer):
         and started when a slot frees. The slots of every keyed job in the
         fetched batch are asked for at once."""
         decided = self.slots_taken.pop(message.message_id, None)
+        if decided is not None and decided.by_fetch and not concurrency_keys.sent_key(message):
+            # Another copy of the message (sent without its key, by an older
+            # sender): the fetch's decision is its twin's, which comes later.
+            self.slots_taken[message.message_id] = decided
+            decided = None
         if decided is not None:
             outcome, key, token = (decided.outcome, decided.waited), decided.key, decided.token
         else:
@@ -303,20 +311,26 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 )
                 cached.append(data)
         token = takes.of(self.broker.broker_id).call()
-        outcomes = slots.acquire(
-            self.broker.client,
-            self.broker.namespace,
-            wanted,
-            broker_id=self.broker.broker_id,
-            queue_name=self.queue_name,
-            timeout_ms=int(self.broker.heartbeat_timeout),
-            token=token,
-        )
+        try:
+            outcomes = slots.acquire(
+                self.broker.client,
+                self.broker.namespace,
+                wanted,
+                broker_id=self.broker.broker_id,
+                queue_name=self.queue_name,
+                timeout_ms=int(self.broker.heartbeat_timeout),
+                token=token,
+            )
+        except redis.RedisError:
+            # Redis may have taken their slots and the reply been lost: when
+            # they are handed back, their release names this take.
+            self.maybe_taken.update((job.message_id, token) for job in wanted)
+            raise
         parked = set()
         for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
             if outcome[0] == slots.TAKEN:
                 self.slots_taken[job.message_id] = slots.Decided(
-                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name, token
+                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name, token, False
                 )
             else:
                 parked.add(id(data))
@@ -391,11 +405,13 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def _slots_of(self, messages: list[dramatiq.MessageProxy]) -> list[slots.Held]:
         """The slots ``messages`` hold or may hold: under the take that passed
-        each on (noted on it), or that took it with the fetch (one still cached)."""
+        each on (noted on it), that took it with the fetch (one still cached),
+        or an ACQUIRE whose reply was lost. A job no take asked for has none."""
         held = []
         for message in messages:
             decided = self.slots_taken.pop(message.message_id, None)
-            slot = concurrency_keys.held_slot(message, decided.token if decided else 0)
+            maybe = self.maybe_taken.pop(message.message_id, None)
+            slot = concurrency_keys.held_slot(message, decided.token if decided else maybe)
             if slot is not None:
                 held.append(slot)
         return held

@@ -392,6 +392,7 @@ class Decided(NamedTuple):
     key: str
     actor_name: str
     token: int  # the take's (``jobs.concurrency.takes``)
+    by_fetch: bool = True  # (False: by the consumer's ACQUIRE)
 
 
 def decided(info: list[Any], token: int) -> list[Decided]:

@@ -70,6 +70,9 @@ class Concurrency(dramatiq.Middleware):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_ride = 0.0  # (monotonic) when the acks last took releases
+        # Workers of this broker running in this process (tests run several
+        # in one process): the thread serves them all, and ends with the last.
+        self._workers = 0
 
     def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         # Before: a declaration that does not fit fails before the actor is
@@ -167,6 +170,12 @@ class Concurrency(dramatiq.Middleware):
         # may hand this thread releases at once (``release_later``).
         if not hasattr(broker, "namespace"):
             return  # a stub broker (tests): no Redis
+        with self._lock:
+            self._workers += 1
+            if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
+                return
+        if self._thread is not None:
+            self._thread.join(timeout=5)  # (one stopping: it sends what is pending first)
         self._stop.clear()
         self._thread = threading.Thread(
             target=self._run, args=(broker,), name="job-slots", daemon=True
@@ -175,6 +184,10 @@ class Concurrency(dramatiq.Middleware):
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # After: the worker threads have ended, so every release is pending.
+        with self._lock:
+            self._workers = max(0, self._workers - 1)
+            if self._workers:
+                return  # another worker of this process still runs jobs
         self._stop.set()
         self._urgent.set()
         self._wake.set()

@@ -5,15 +5,17 @@ release (lost by a failover) is freed by its own worker's sweep."""
 from __future__ import annotations
 
 import functools
+import logging
 import uuid
 
 import dramatiq
 import pytest
 
 from jobs.broker import redis_broker
-from jobs.concurrency import slots, takes
+from jobs.broker.acks import LedgerOrderedConsumer
+from jobs.concurrency import keys, slots, takes
 from tests.conftest import wait_until
-from tests.jobs.concurrency.actors import QUEUE, pack, runs, start_worker
+from tests.jobs.concurrency.actors import QUEUE, most_at_once, pack, runs, start_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,16 +142,23 @@ def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramati
     assert set(slots.holders(client, namespace, key)) == {"mo"}
 
 
+@pytest.mark.parametrize("lifetimes", ["one worker", "a second worker outlives the first"])
 def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
-    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], lifetimes: str
 ) -> None:
     # A job ends and its release goes; Redis then loses it (the holder comes
     # back, as after a failover to a replica that had not received the HDEL).
     # The worker beats on, so no verdict frees the slot: before take tokens,
     # every later job of the key waited until that worker process stopped.
+    # Two workers in one process (tests, an embedded worker) share the
+    # job-slots thread that sweeps: the first to stop ended it for both.
     rb = redis_broker()
     namespace, client = rb.namespace, rb.client
     start_worker(workers, broker, threads=2)
+    if lifetimes != "one worker":
+        first_worker = workers.pop()
+        start_worker(workers, broker, threads=2)
+        first_worker.stop()
     first = pack.send(7, 0.3)
     wait_until(lambda: slots.holders(client, namespace, "order:7"))
     holder = slots.holders(client, namespace, "order:7")[first.message_id]
@@ -160,3 +169,49 @@ def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
     # Freed by the worker's own sweep (one a second); generous bound.
     wait_until(lambda: len(runs) == 2, timeout=10)
     wait_until(lambda: not slots.holders(client, namespace, "order:7"))
+
+
+def test_a_copy_sent_without_its_key_never_takes_its_twins_slot(
+    broker: dramatiq.Broker,
+    workers: list[dramatiq.Worker],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The same message twice in one fetch: a copy from an older sender (no key
+    # in it: the consumer asks for its slot) and one whose slot the fetch
+    # took. The first copy out ran on its twin's slot, and the twin then
+    # waited behind its own take until the sweep freed it (a second).
+    message = pack.message(5, 0.3)
+    send_key = keys.send_key
+    monkeypatch.setattr(keys, "send_key", lambda message: None)
+    broker.enqueue(message.copy())
+    monkeypatch.setattr(keys, "send_key", send_key)
+    broker.enqueue(message.copy())
+    caplog.set_level(logging.INFO, logger="jobs.middleware.concurrency")
+    start_worker(workers, broker, threads=4)
+    wait_until(lambda: len(runs) == 2, timeout=10)
+    assert most_at_once("order:5") == 1
+    # The twin started when the first copy's release handed it the slot.
+    assert "freed by the sweep" not in caplog.text
+
+
+def test_a_job_no_take_asked_for_is_handed_back_without_a_release(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A consumer fetched a keyed job it had not asked a slot for yet (its
+    # message carries no key) and closes. A release "of any take" of that
+    # delivery, held back while Redis was away, freed the slot of the same
+    # delivery fetched again and running by the time it went.
+    monkeypatch.setattr(keys, "send_key", lambda message: None)
+    pack.send(8, 0.0)
+    rb = redis_broker()
+    consumer = rb.consume(QUEUE, prefetch=1, timeout=100)
+    assert isinstance(consumer, LedgerOrderedConsumer)
+    assert consumer._fill()  # (fetched, not passed on yet)
+    (data,) = consumer.message_cache
+    redis_id = dramatiq.Message.decode(data).options["redis_message_id"]
+    message_id = dramatiq.Message.decode(data).message_id
+    running = f"W:{rb.broker_id}:{redis_id}:99"  # (its take when fetched again)
+    rb.client.hset(f"{rb.namespace}:__slots__.order:8", message_id, running)
+    consumer.close()
+    assert slots.holders(rb.client, rb.namespace, "order:8") == {message_id: running}
