@@ -119,6 +119,13 @@ def give_back_token() -> str:
     return secrets.token_hex(8)
 
 
+def _held_until_eta(message: dramatiq.MessageProxy) -> bool:
+    """Whether Dramatiq's worker will hold ``message`` until its ``eta`` (a
+    sender that set one itself, on a queue other than a delay queue) and then
+    send a copy without it: this delivery never runs, its copy takes a slot."""
+    return "eta" in getattr(message, "_message", message).options
+
+
 def _give_back_keys(namespace: str, message: dramatiq.MessageProxy) -> list[str]:
     return [namespace, f"{namespace}:__given_back__.{message.options[GIVE_BACK]}"]
 
@@ -221,17 +228,18 @@ class LedgerOrderedConsumer(_RedisConsumer):
         taken. Then the job is parked in Redis, out of this worker's ack set,
         and started when a slot frees. The slots of every keyed job in the
         fetched batch are asked for at once."""
-        decided = self.slots_taken.pop(message.message_id, None)
-        if decided is not None and decided.by_fetch and not concurrency_keys.sent_key(message):
-            # Another copy of the message (sent without its key, by an older
-            # sender): the fetch's decision is its twin's, which comes later.
-            self.slots_taken[message.message_id] = decided
-            decided = None
+        decided = self._decision_for(message)
         if decided is not None:
+            if _held_until_eta(message):
+                slot = concurrency_keys.held_slot(message, decided.token)
+                self._free([slot] if slot is not None and decided.outcome == slots.TAKEN else [])
+                return True
             outcome, key, token = (decided.outcome, decided.waited), decided.key, decided.token
         else:
             keyed = concurrency_keys.key_of(message)
             if keyed is None:
+                return True
+            if _held_until_eta(message):
                 return True
             key = keyed[0]
             try:
@@ -253,6 +261,17 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if taken == slots.PARKED_NOW and key is not None:
             self._parked(key, message.actor_name)
         return False
+
+    def _decision_for(self, message: dramatiq.MessageProxy) -> slots.Decided | None:
+        """The fetch's (or an ACQUIRE's) decision on ``message``'s slot, no
+        longer kept; None if none was made for this copy of the message."""
+        decided = self.slots_taken.pop(message.message_id, None)
+        if decided is not None and decided.by_fetch and not concurrency_keys.sent_key(message):
+            # Another copy of the message (sent without its key, by an older
+            # sender): the fetch's decision is its twin's, which comes later.
+            self.slots_taken[message.message_id] = decided
+            return None
+        return decided
 
     def _parked(self, key: str, actor_name: str) -> None:
         """A job set aside for a slot of ``key``: counted, and the key noted as
@@ -409,7 +428,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         or an ACQUIRE whose reply was lost. A job no take asked for has none."""
         held = []
         for message in messages:
-            decided = self.slots_taken.pop(message.message_id, None)
+            decided = self._decision_for(message)
             maybe = self.maybe_taken.pop(message.message_id, None)
             slot = concurrency_keys.held_slot(message, decided.token if decided else maybe)
             if slot is not None:

@@ -72,7 +72,7 @@ class Concurrency(dramatiq.Middleware):
         self._last_ride = 0.0  # (monotonic) when the acks last took releases
         # Workers of this broker running in this process (tests run several
         # in one process): the thread serves them all, and ends with the last.
-        self._workers = 0
+        self._workers: set[int] = set()
 
     def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         # Before: a declaration that does not fit fails before the actor is
@@ -171,7 +171,7 @@ class Concurrency(dramatiq.Middleware):
         if not hasattr(broker, "namespace"):
             return  # a stub broker (tests): no Redis
         with self._lock:
-            self._workers += 1
+            self._workers.add(id(worker))
             if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
                 return
         if self._thread is not None:
@@ -185,10 +185,13 @@ class Concurrency(dramatiq.Middleware):
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # After: the worker threads have ended, so every release is pending.
         with self._lock:
-            self._workers = max(0, self._workers - 1)
+            if id(worker) not in self._workers:
+                return  # stopped before, or never booted here
+            self._workers.discard(id(worker))
             if self._workers:
                 return  # another worker of this process still runs jobs
-        self._stop.set()
+            # Under the lock: a worker booting now sees the thread stopping.
+            self._stop.set()
         self._urgent.set()
         self._wake.set()
         if self._thread is not None:

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import time
 import uuid
 
 import dramatiq
 import pytest
+import redis
+from dramatiq.errors import ConnectionClosed
 
 from jobs.broker import redis_broker
 from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.concurrency import keys, slots, takes
+from jobs.middleware.concurrency import Concurrency
 from tests.conftest import wait_until
 from tests.jobs.concurrency.actors import QUEUE, most_at_once, pack, runs, start_worker
 
@@ -142,7 +147,9 @@ def test_a_workers_sweep_frees_its_slots_under_takes_it_released(broker: dramati
     assert set(slots.holders(client, namespace, key)) == {"mo"}
 
 
-@pytest.mark.parametrize("lifetimes", ["one worker", "a second worker outlives the first"])
+@pytest.mark.parametrize(
+    "lifetimes", ["one worker", "a second worker outlives the first", "the first stopped twice"]
+)
 def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
     broker: dramatiq.Broker, workers: list[dramatiq.Worker], lifetimes: str
 ) -> None:
@@ -159,6 +166,8 @@ def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
         first_worker = workers.pop()
         start_worker(workers, broker, threads=2)
         first_worker.stop()
+        if lifetimes == "the first stopped twice":
+            first_worker.stop()
     first = pack.send(7, 0.3)
     wait_until(lambda: slots.holders(client, namespace, "order:7"))
     holder = slots.holders(client, namespace, "order:7")[first.message_id]
@@ -215,3 +224,74 @@ def test_a_job_no_take_asked_for_is_handed_back_without_a_release(
     rb.client.hset(f"{rb.namespace}:__slots__.order:8", message_id, running)
     consumer.close()
     assert slots.holders(rb.client, rb.namespace, "order:8") == {message_id: running}
+
+
+def test_a_twins_slot_is_freed_when_its_copy_is_handed_back_first(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A copy of a message sent without its key, then its twin whose slot the
+    # fetch took. The copy's ACQUIRE fails (Redis away) and the consumer
+    # closes, handing both back: the twin's slot must go with the twin, not be
+    # released under the copy's delivery (which frees nothing).
+    other = pack.send(6, 0.0)
+    message = pack.message(5, 0.0)
+    send_key = keys.send_key
+    monkeypatch.setattr(keys, "send_key", lambda message: None)
+    broker.enqueue(message.copy())
+    monkeypatch.setattr(keys, "send_key", send_key)
+    broker.enqueue(message.copy())
+    rb = redis_broker()
+    consumer = rb.consume(QUEUE, prefetch=10, timeout=100)
+    first = next(consumer)
+    assert first is not None
+    assert first.message_id == other.message_id
+    assert slots.holders(rb.client, rb.namespace, "order:5")  # the twin's, taken by the fetch
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise redis.ConnectionError("Redis away")
+
+    monkeypatch.setattr(slots, "ACQUIRE", refused)
+    with pytest.raises(ConnectionClosed):
+        next(consumer)
+    monkeypatch.undo()
+    consumer.close()
+    assert slots.holders(rb.client, rb.namespace, "order:5") == {}
+
+
+def test_a_keyed_job_its_sender_gave_an_eta_runs_and_leaves_no_slot(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # Dramatiq's worker holds a message with an eta until then and sends a
+    # copy without it, acking the first: that delivery never runs, so its slot
+    # was never freed, and the copy waited behind it while the worker lived.
+    pack.send_with_options(args=(9, 0.0), eta=int(time.time() * 1000))
+    start_worker(workers, broker, threads=2)
+    wait_until(lambda: len(runs) == 1, timeout=10)
+    rb = redis_broker()
+    wait_until(lambda: not slots.holders(rb.client, rb.namespace, "order:9"))
+
+
+def test_a_worker_booting_while_the_last_one_stops_keeps_a_job_slots_thread(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last worker's shutdown marks the thread stopping; a worker booting
+    # in between saw a live thread, kept it, and was left without one.
+    middleware = next(m for m in broker.middleware if isinstance(m, Concurrency))
+    start_worker(workers, broker, threads=1)
+    first = workers.pop()
+
+    class SlowStop(threading.Event):
+        def set(self) -> None:
+            time.sleep(0.5)  # (widens the window between the last count and the stop)
+            super().set()
+
+    monkeypatch.setattr(middleware, "_stop", SlowStop())
+    stopping = threading.Thread(target=first.stop)
+    stopping.start()
+    time.sleep(0.2)
+    start_worker(workers, broker, threads=1)
+    stopping.join()
+    wait_until(lambda: middleware._thread is not None and middleware._thread.is_alive())
+    time.sleep(0.3)
+    assert middleware._thread is not None
+    assert middleware._thread.is_alive()
