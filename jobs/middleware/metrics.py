@@ -36,7 +36,7 @@ class Metrics(dramatiq.Middleware):
         self._started: dict[str, float] = {}
         self._heartbeat: Heartbeat | None = None
         self._heartbeat_mutex = threading.Lock()
-        self._workers = 0  # booted and not yet shut down, in this process
+        self._workers: set[int] = set()  # booted and not yet shut down, in this process
         self._enqueued: dict[tuple[str, str], Any] = {}
         # (actor, queue) -> its children of the per-job figures, found once
         self._children: dict[tuple[str, str], _Children] = {}
@@ -120,7 +120,7 @@ class Metrics(dramatiq.Middleware):
         # workers it runs: a second one must not replace, and so orphan, the
         # first's thread, which would beat on after every worker stopped.
         with self._heartbeat_mutex:
-            self._workers += 1
+            self._workers.add(id(worker))
             if self._heartbeat is None:
                 self._heartbeat = Heartbeat()
                 self._heartbeat.start()
@@ -129,8 +129,13 @@ class Metrics(dramatiq.Middleware):
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         writes.flush()  # its last jobs' figures, before a caller reads or the process ends
         with self._heartbeat_mutex:
-            self._workers -= 1
-            if self._workers > 0 or self._heartbeat is None:
+            # By identity, not a count: a worker stopped twice (or never
+            # booted) stopped the heartbeat under one still running, and
+            # maintenance then took its broker id for dead.
+            if id(worker) not in self._workers:
+                return
+            self._workers.discard(id(worker))
+            if self._workers or self._heartbeat is None:
                 return
             heartbeat, self._heartbeat = self._heartbeat, None
         heartbeat.stop()

@@ -297,3 +297,27 @@ def test_two_workers_in_one_process_leave_no_heartbeat_beating(broker: dramatiq.
     # Then no heartbeat thread of theirs is left running
     during[0].join(timeout=5)
     assert [t for t in _heartbeat_threads() if t not in before] == []
+
+
+def test_a_worker_stopped_twice_leaves_the_others_heartbeat_beating(
+    broker: dramatiq.Broker,
+) -> None:
+    # Counted, the second stop of a worker ended the heartbeat of another
+    # still running: its broker id then looked dead, and maintenance handed
+    # its jobs to others while they ran (and every later worker of the
+    # process counted one too few).
+    before = _heartbeat_threads()
+    workers = [
+        dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1) for _ in range(2)
+    ]
+    for w in workers:
+        w.start()
+    (beating,) = [t for t in _heartbeat_threads() if t not in before]
+    workers[0].stop()
+    workers[0].stop()
+    dramatiq.Worker(broker, worker_timeout=IDLE_POLL_MS, worker_threads=1).stop()  # never booted
+    time.sleep(0.2)
+    assert beating.is_alive()
+    workers[1].stop()
+    beating.join(timeout=5)
+    assert not beating.is_alive()
