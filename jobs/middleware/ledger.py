@@ -221,7 +221,9 @@ class Ledger(dramatiq.Middleware):
         ] = {}
         # One intake drainer per process, however many workers it runs.
         self._drainer: Drainer | None = None
-        self._workers = 0
+        # The workers booted here, by identity: counted, a worker stopped twice
+        # stopped the drainer under another still running.
+        self._workers: set[int] = set()
         self._mutex = threading.Lock()
 
     def in_ledger_intake(self, broker: Broker, message: dramatiq.Message[Any]) -> bool:
@@ -396,7 +398,7 @@ class Ledger(dramatiq.Middleware):
         if not getattr(broker, "ledger_intake", False):
             return
         with self._mutex:
-            self._workers += 1
+            self._workers.add(id(worker))
             if self._drainer is None:
                 self._drainer = Drainer(broker)
                 self._drainer.start()
@@ -404,9 +406,10 @@ class Ledger(dramatiq.Middleware):
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         drainer = None
         with self._mutex:
-            self._workers = max(self._workers - 1, 0)
-            if self._workers == 0:
-                drainer, self._drainer = self._drainer, None
+            if id(worker) in self._workers:
+                self._workers.discard(id(worker))
+                if not self._workers:
+                    drainer, self._drainer = self._drainer, None
         if drainer is not None:
             drainer.stop()
         # The held acks go with the last batch: a stop that gave up sooner would

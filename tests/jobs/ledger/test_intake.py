@@ -365,3 +365,23 @@ def test_a_message_whose_actor_name_is_not_text_does_not_stop_the_intake(
     assert intake.catch_up()
     assert Job.objects.filter(message_id=known.message_id).exists()
     assert entries(broker) == []
+
+
+def test_a_worker_stopped_twice_leaves_the_others_intake_drained(broker: dramatiq.Broker) -> None:
+    # One drainer per process, stopped with its last worker. Counted, a worker
+    # stopped twice stopped it under another still running: first sends then
+    # waited in the intake, out of the admin, until a worker booted again.
+    # (On another queue: the job stays unrun, its row can come only from the intake.)
+    workers = [
+        dramatiq.Worker(broker, queues={"idle-test"}, worker_timeout=IDLE_POLL_MS, worker_threads=1)
+        for _ in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    workers[0].stop()
+    workers[0].stop()
+    try:
+        message = greet.send(8)
+        wait_until(lambda: Job.objects.filter(message_id=message.message_id).exists(), timeout=10)
+    finally:
+        workers[1].stop()
