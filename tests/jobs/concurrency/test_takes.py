@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import uuid
+from typing import Any
 
 import dramatiq
 import pytest
@@ -180,6 +181,17 @@ def test_a_slot_redis_kept_after_its_release_is_freed_under_a_live_worker(
     wait_until(lambda: not slots.holders(client, namespace, "order:7"))
 
 
+def _send_copy_then_twin(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch, message: dramatiq.Message[Any]
+) -> None:
+    """``message`` sent twice: first as an older sender does (no key in it),
+    then with its key, for the fetch to take its slot."""
+    with monkeypatch.context() as patched:
+        patched.setattr(keys, "send_key", lambda message: None)
+        broker.enqueue(message.copy())
+    broker.enqueue(message.copy())
+
+
 def test_a_copy_sent_without_its_key_never_takes_its_twins_slot(
     broker: dramatiq.Broker,
     workers: list[dramatiq.Worker],
@@ -190,12 +202,7 @@ def test_a_copy_sent_without_its_key_never_takes_its_twins_slot(
     # in it: the consumer asks for its slot) and one whose slot the fetch
     # took. The first copy out ran on its twin's slot, and the twin then
     # waited behind its own take until the sweep freed it (a second).
-    message = pack.message(5, 0.3)
-    send_key = keys.send_key
-    monkeypatch.setattr(keys, "send_key", lambda message: None)
-    broker.enqueue(message.copy())
-    monkeypatch.setattr(keys, "send_key", send_key)
-    broker.enqueue(message.copy())
+    _send_copy_then_twin(broker, monkeypatch, pack.message(5, 0.3))
     caplog.set_level(logging.INFO, logger="jobs.middleware.concurrency")
     start_worker(workers, broker, threads=4)
     wait_until(lambda: len(runs) == 2, timeout=10)
@@ -234,12 +241,7 @@ def test_a_twins_slot_is_freed_when_its_copy_is_handed_back_first(
     # closes, handing both back: the twin's slot must go with the twin, not be
     # released under the copy's delivery (which frees nothing).
     other = pack.send(6, 0.0)
-    message = pack.message(5, 0.0)
-    send_key = keys.send_key
-    monkeypatch.setattr(keys, "send_key", lambda message: None)
-    broker.enqueue(message.copy())
-    monkeypatch.setattr(keys, "send_key", send_key)
-    broker.enqueue(message.copy())
+    _send_copy_then_twin(broker, monkeypatch, pack.message(5, 0.0))
     rb = redis_broker()
     consumer = rb.consume(QUEUE, prefetch=10, timeout=100)
     first = next(consumer)
