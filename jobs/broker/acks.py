@@ -232,7 +232,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if decided is not None:
             if _held_until_eta(message):
                 slot = concurrency_keys.held_slot(message, decided.token)
-                self._free([slot] if slot is not None and decided.outcome == slots.TAKEN else [])
+                self._free([slot] if slot is not None else [])  # (kept decisions: taken)
                 return True
             outcome, key, token = (decided.outcome, decided.waited), decided.key, decided.token
         else:
