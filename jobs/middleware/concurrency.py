@@ -49,14 +49,19 @@ GATHER = 0.002
 # stream of keyed jobs cost them about a quarter of their throughput. A release
 # of a key with jobs waiting ends the gathering at once.
 LAZY_GATHER = 0.02
-# Seconds releases nobody waits for may wait for the acks to carry them
-# (``ride_along``) while the acks go often: one ride within ``RIDING`` seconds
-# before the gathering ends. Under a steady stream of fast keyed jobs the
-# ledger writer's acks go every few tens of milliseconds, and the thread's own
-# call every ``LAZY_GATHER`` cost the jobs 5-10 % of their throughput in a
-# worker process of 8 busy threads; the acks carry them at no cost.
+# Seconds a release nobody waits for may wait for the acks to carry it
+# (``ride_along``) while the acks go often: they came within ``RIDING``
+# seconds. Under a steady stream of fast keyed jobs the ledger writer's acks
+# go every few tens of milliseconds, and take every release pending then.
+# The thread's own call every ``LAZY_GATHER`` cost the jobs 5-10 % of their
+# throughput in a worker process of 8 busy threads; the acks carry them at no
+# cost. ``RIDING`` spans a light stream's acks too (one per ledger batch,
+# ``JOBS_LEDGER_FLUSH_MS``, 200 ms as shipped): at 50 ms, a gap between two
+# acks of 50-100 ms under load (2 processes x 8 threads, on two cores) made
+# the thread send half the releases itself, each in a round trip of its own
+# (1.6 us of its CPU a job).
 RIDE_GATHER = 0.1
-RIDING = 0.05
+RIDING = 0.25
 
 
 class Concurrency(dramatiq.Middleware):
@@ -69,7 +74,8 @@ class Concurrency(dramatiq.Middleware):
         self._urgent = threading.Event()  # a pending release of a key jobs wait for
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last_ride = 0.0  # (monotonic) when the acks last took releases
+        self._last_ride = 0.0  # (monotonic) when the acks last came for releases
+        self._pending_since: float | None = None  # (monotonic) the oldest pending release's
         # Workers of this broker running in this process (tests run several
         # in one process): the thread serves them all, and ends with the last.
         self._workers: set[int] = set()
@@ -110,6 +116,8 @@ class Concurrency(dramatiq.Middleware):
         with self._lock:
             self._pending.append(held)
             first = len(self._pending) == 1
+            if first:
+                self._pending_since = time.monotonic()
         if slots.waited_for(held.key):
             self._urgent.set()
         if first:
@@ -125,6 +133,8 @@ class Concurrency(dramatiq.Middleware):
             return False
         with self._lock:
             self._pending.extend(held)
+            if self._pending_since is None:
+                self._pending_since = time.monotonic()
         self._urgent.set()
         self._wake.set()
         return True
@@ -141,16 +151,20 @@ class Concurrency(dramatiq.Middleware):
         thread = self._thread
         if thread is None or not thread.is_alive():
             return []
-        batch = self._take_batch()
-        if batch:
-            self._last_ride = time.monotonic()
-        return batch
+        # Whether or not it finds any: the acks go often (they are sent as jobs
+        # end), so releases may wait for the next ones (``_gather``). Counting
+        # only rides that took some, the thread's own sends, which left the
+        # acks nothing, kept it sending.
+        self._last_ride = time.monotonic()
+        return self._take_batch()
 
     def _take_batch(self) -> list[slots.Held]:
         """Up to a script call's worth of pending releases, no longer pending."""
         with self._lock:
             batch = self._pending[:RELEASES_PER_CALL]
             del self._pending[:RELEASES_PER_CALL]
+            if not self._pending:
+                self._pending_since = None
         return batch
 
     def ride_back(self, held: list[slots.Held], broker: Any) -> None:
@@ -226,16 +240,23 @@ class Concurrency(dramatiq.Middleware):
 
     def _gather(self) -> None:
         """Wait until the pending releases should go: within ``GATHER`` of one
-        whose key jobs wait for; otherwise after ``LAZY_GATHER``, or up to
-        ``RIDE_GATHER`` while the acks keep taking them (``ride_along``)."""
-        start = time.monotonic()
-        deadline = start + LAZY_GATHER
-        while not self._urgent.wait(max(0.0, deadline - time.monotonic())):
-            now = time.monotonic()
-            riding = now - self._last_ride < RIDING
-            if not self._pending or not riding or now >= start + RIDE_GATHER:
+        whose key jobs wait for; otherwise once the oldest has waited
+        ``LAZY_GATHER``, or ``RIDE_GATHER`` while the acks keep coming
+        (``ride_along``). Returns at once when the acks took them all."""
+        while True:
+            if not self._pending:
                 return
-            deadline = min(start + RIDE_GATHER, now + LAZY_GATHER)
+            now = time.monotonic()
+            since = self._pending_since
+            if since is None:  # (only for a moment: set as the first is added)
+                since = self._pending_since = now
+            riding = now - self._last_ride < RIDING
+            due = since + (RIDE_GATHER if riding else LAZY_GATHER)
+            if now >= due:
+                return
+            # At least every LAZY_GATHER: the acks may stop meanwhile.
+            if self._urgent.wait(min(due - now, LAZY_GATHER)):
+                break
         time.sleep(GATHER)
 
     def _send_pending(self, broker: Any) -> None:
@@ -248,6 +269,8 @@ class Concurrency(dramatiq.Middleware):
             except redis.RedisError:
                 with self._lock:
                     self._pending[:0] = batch
+                    if self._pending_since is None:
+                        self._pending_since = time.monotonic()
                 raise
 
     def _send(self, broker: Any, held: list[slots.Held]) -> None:

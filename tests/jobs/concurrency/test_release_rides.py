@@ -11,7 +11,7 @@ import dramatiq
 import pytest
 
 from jobs.broker import redis_broker
-from jobs.concurrency import slots
+from jobs.concurrency import keys, slots
 from jobs.middleware import concurrency
 from tests.conftest import wait_until
 from tests.jobs.concurrency.actors import pack, runs, start_worker
@@ -157,3 +157,45 @@ def test_a_ride_refused_while_the_worker_stops_is_still_sent(
     assert carrier._thread is not None
     assert not carrier._thread.is_alive()
     assert not slots.holders(b.client, b.namespace, "order:30")
+
+
+def test_while_the_acks_keep_coming_every_release_rides_with_them(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A steady stream of keyed jobs ending (a release every 5 ms) and the
+    # ledger writer's acks every 50 ms, as under load: each ack takes every
+    # release pending then, so none waits long enough for the thread to send
+    # it. Before, the thread sent what was pending whenever its gathering
+    # ended (100 ms after it began): about half the releases of 2 processes x 8
+    # threads, each in a round trip of its own. RIDE_GATHER is 0.5 s here
+    # (shipped: 0.1) so that a slow machine's gap between two acks does not count.
+    monkeypatch.setattr(concurrency, "RIDE_GATHER", 0.5)
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    sent: list[int] = []
+    send = carrier._send
+
+    def counted(broker: Any, held: list[slots.Held]) -> None:
+        sent.append(len(held))
+        send(broker, held)
+
+    monkeypatch.setattr(carrier, "_send", counted)
+    # Loaded, as after a worker's first release: a ride that meets NOSCRIPT
+    # goes back to the thread (the test above).
+    b.client.script_load(slots.RELEASE.source)
+    next_ack = end = time.monotonic()
+    end += 2.0
+    released = 0
+    while time.monotonic() < end:
+        if time.monotonic() >= next_ack:
+            assert b.send_held_acks([]) == []
+            next_ack += 0.05
+        message = dramatiq.MessageProxy(pack.message(released, 0.0))
+        # (Keys no other test saw waited for: a release of one goes at once.)
+        keys.remember_key(message, f"order:stream-{released}", 1)
+        carrier.after_process_message(b, message)
+        released += 1
+        time.sleep(0.005)
+    assert b.send_held_acks([]) == []
+    assert sent == [], f"the thread sent {sum(sent)} of {released} releases itself"
+    assert not carrier._pending
