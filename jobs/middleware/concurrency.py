@@ -254,8 +254,9 @@ class Concurrency(dramatiq.Middleware):
             due = since + (RIDE_GATHER if riding else LAZY_GATHER)
             if now >= due:
                 return
-            # At least every LAZY_GATHER: the acks may stop meanwhile.
-            if self._urgent.wait(min(due - now, LAZY_GATHER)):
+            # Woken only when due (each wake-up is a hand-over of the GIL): acks
+            # that stop meanwhile leave the release to wait RIDE_GATHER at most.
+            if self._urgent.wait(due - now):
                 break
         time.sleep(GATHER)
 
