@@ -79,6 +79,11 @@ class Concurrency(dramatiq.Middleware):
         # Workers of this broker running in this process (tests run several
         # in one process): the thread serves them all, and ends with the last.
         self._workers: set[int] = set()
+        # Held through a boot or a shutdown, its thread's start and join: two
+        # workers booting at once each started a thread. (Not ``_lock``: the
+        # thread takes that one while it sends what is pending, and a
+        # shutdown waits for it to end.)
+        self._lifecycle = threading.Lock()
 
     def before_declare_actor(self, broker: Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         # Before: a declaration that does not fit fails before the actor is
@@ -184,32 +189,34 @@ class Concurrency(dramatiq.Middleware):
         # may hand this thread releases at once (``release_later``).
         if not hasattr(broker, "namespace"):
             return  # a stub broker (tests): no Redis
-        with self._lock:
-            self._workers.add(id(worker))
-            if self._thread is not None and self._thread.is_alive() and not self._stop.is_set():
-                return
-        if self._thread is not None:
-            self._thread.join(timeout=5)  # (one stopping: it sends what is pending first)
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, args=(broker,), name="job-slots", daemon=True
-        )
-        self._thread.start()
+        with self._lifecycle:
+            with self._lock:
+                self._workers.add(id(worker))
+                running = self._thread is not None and self._thread.is_alive()
+                if running and not self._stop.is_set():
+                    return
+            if self._thread is not None:
+                self._thread.join(timeout=5)  # (one stopping: it sends what is pending first)
+            self._stop.clear()
+            self._thread = threading.Thread(
+                target=self._run, args=(broker,), name="job-slots", daemon=True
+            )
+            self._thread.start()
 
     def after_worker_shutdown(self, broker: Broker, worker: dramatiq.Worker) -> None:
         # After: the worker threads have ended, so every release is pending.
-        with self._lock:
-            if id(worker) not in self._workers:
-                return  # stopped before, or never booted here
-            self._workers.discard(id(worker))
-            if self._workers:
-                return  # another worker of this process still runs jobs
-            # Under the lock: a worker booting now sees the thread stopping.
-            self._stop.set()
-        self._urgent.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        with self._lifecycle:
+            with self._lock:
+                if id(worker) not in self._workers:
+                    return  # stopped before, or never booted here
+                self._workers.discard(id(worker))
+                if self._workers:
+                    return  # another worker of this process still runs jobs
+                self._stop.set()
+            self._urgent.set()
+            self._wake.set()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
 
     def _run(self, broker: Any) -> None:
         cursors = {slots.PARKED_KEYS: 0, slots.SLOT_KEYS: 0}

@@ -8,6 +8,7 @@ import functools
 import logging
 import threading
 import time
+import types
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ from dramatiq.errors import ConnectionClosed
 from jobs.broker import redis_broker
 from jobs.broker.acks import LedgerOrderedConsumer
 from jobs.concurrency import keys, slots, takes
+from jobs.middleware import concurrency
 from jobs.middleware.concurrency import Concurrency
 from tests.conftest import wait_until
 from tests.jobs.concurrency.actors import QUEUE, most_at_once, pack, runs, start_worker
@@ -297,3 +299,37 @@ def test_a_worker_booting_while_the_last_one_stops_keeps_a_job_slots_thread(
     time.sleep(0.3)
     assert middleware._thread is not None
     assert middleware._thread.is_alive()
+
+
+def test_workers_booting_at_once_start_one_job_slots_thread(
+    broker: dramatiq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two workers of one process (tests, an embedded worker) booting at the
+    # same moment. Each saw no thread running and started one: two threads
+    # then swept and sent releases, and a shutdown joined only the last. The
+    # thread's start is slowed here so that the two boots overlap on any machine.
+    carrier = next(m for m in broker.middleware if isinstance(m, Concurrency))
+    before = set(threading.enumerate())
+
+    def slow_thread(*args: Any, **kwargs: Any) -> threading.Thread:
+        time.sleep(0.2)
+        return threading.Thread(*args, **kwargs)
+
+    slowed = types.SimpleNamespace(**{**vars(threading), "Thread": slow_thread})
+    monkeypatch.setattr(concurrency, "threading", slowed)
+    stubs: list[Any] = [object(), object()]
+    boots = [threading.Thread(target=carrier.before_worker_boot, args=(broker, s)) for s in stubs]
+    for boot in boots:
+        boot.start()
+    for boot in boots:
+        boot.join()
+
+    def started() -> list[threading.Thread]:
+        return [t for t in set(threading.enumerate()) - before if t.name == "job-slots"]
+
+    try:
+        assert len(started()) == 1, started()
+    finally:
+        for stub in stubs:
+            carrier.after_worker_shutdown(broker, stub)
+    wait_until(lambda: not started())
