@@ -222,15 +222,18 @@ class Concurrency(dramatiq.Middleware):
         cursors = {slots.PARKED_KEYS: 0, slots.SLOT_KEYS: 0}
         next_sweep = time.monotonic() + SWEEP_INTERVAL
         while True:
-            if self._wake.wait(max(0.0, next_sweep - time.monotonic())):
+            send = True
+            # (Releases left pending at the sweep's time gather on at once.)
+            if self._pending or self._wake.wait(max(0.0, next_sweep - time.monotonic())):
                 # Cleared first: the acks may take every pending release while
                 # this thread gathers, and the next one sets it again.
                 self._wake.clear()
-                self._gather()
+                send = self._gather(until=next_sweep)
             self._urgent.clear()
             stopping = self._stop.is_set()
             try:
-                self._send_pending(broker)
+                if send or stopping:
+                    self._send_pending(broker)
                 if time.monotonic() >= next_sweep and not stopping:
                     next_sweep = time.monotonic() + SWEEP_INTERVAL
                     self._sweep(broker, cursors)
@@ -245,14 +248,18 @@ class Concurrency(dramatiq.Middleware):
             if stopping and not self._pending:
                 return
 
-    def _gather(self) -> None:
+    def _gather(self, until: float) -> bool:
         """Wait until the pending releases should go: within ``GATHER`` of one
         whose key jobs wait for; otherwise once the oldest has waited
         ``LAZY_GATHER``, or ``RIDE_GATHER`` while the acks keep coming
-        (``ride_along``). Returns at once when the acks took them all."""
+        (``ride_along``). Returns at once when the acks took them all. False
+        if ``until`` (monotonic), the next sweep's time, came first: under a
+        steady stream the acks take each release before it is due, and one is
+        nearly always pending, so the gathering could go on for as long as
+        the stream did, and no sweep with it."""
         while True:
             if not self._pending:
-                return
+                return True
             now = time.monotonic()
             since = self._pending_since
             if since is None:  # (only for a moment: set as the first is added)
@@ -260,12 +267,15 @@ class Concurrency(dramatiq.Middleware):
             riding = now - self._last_ride < RIDING
             due = since + (RIDE_GATHER if riding else LAZY_GATHER)
             if now >= due:
-                return
+                return True
+            if now >= until:
+                return False
             # Woken only when due (each wake-up is a hand-over of the GIL): acks
             # that stop meanwhile leave the release to wait RIDE_GATHER at most.
-            if self._urgent.wait(due - now):
+            if self._urgent.wait(min(due, until) - now):
                 break
         time.sleep(GATHER)
+        return True
 
     def _send_pending(self, broker: Any) -> None:
         while True:

@@ -159,19 +159,42 @@ def test_a_ride_refused_while_the_worker_stops_is_still_sent(
     assert not slots.holders(b.client, b.namespace, "order:30")
 
 
+def _stream(broker: dramatiq.Broker, seconds: float, ack_every: float) -> int:
+    """Keyed jobs ending steadily (a release every 5 ms) for ``seconds``, and
+    the ledger writer's acks every ``ack_every`` seconds; the releases made."""
+    b, carrier = redis_broker(), _carrier(broker)
+    # Loaded, as after a worker's first release: a ride that meets NOSCRIPT
+    # goes back to the thread (the test above).
+    b.client.script_load(slots.RELEASE.source)
+    next_ack = end = time.monotonic()
+    end += seconds
+    released = 0
+    while time.monotonic() < end:
+        if time.monotonic() >= next_ack:
+            assert b.send_held_acks([]) == []
+            next_ack += ack_every
+        message = dramatiq.MessageProxy(pack.message(released, 0.0))
+        # (Keys no other test saw waited for: a release of one goes at once.)
+        keys.remember_key(message, f"order:stream-{released}", 1)
+        carrier.after_process_message(b, message)
+        released += 1
+        time.sleep(0.005)
+    assert b.send_held_acks([]) == []
+    return released
+
+
 def test_while_the_acks_keep_coming_every_release_rides_with_them(
     broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A steady stream of keyed jobs ending (a release every 5 ms) and the
-    # ledger writer's acks every 50 ms, as under load: each ack takes every
-    # release pending then, so none waits long enough for the thread to send
-    # it. Before, the thread sent what was pending whenever its gathering
-    # ended (100 ms after it began): about half the releases of 2 processes x 8
-    # threads, each in a round trip of its own. RIDE_GATHER is 0.5 s here
-    # (shipped: 0.1) so that a slow machine's gap between two acks does not count.
+    # Each ack takes every release pending then, so none waits long enough
+    # for the thread to send it. Before, the thread sent what was pending
+    # whenever its gathering ended (100 ms after it began): about half the
+    # releases of 2 processes x 8 threads, each in a round trip of its own.
+    # RIDE_GATHER is 0.5 s here (shipped: 0.1) so that a slow machine's gap
+    # between two acks does not count.
     monkeypatch.setattr(concurrency, "RIDE_GATHER", 0.5)
     _idle_worker(broker, workers)
-    b, carrier = redis_broker(), _carrier(broker)
+    carrier = _carrier(broker)
     sent: list[int] = []
     send = carrier._send
 
@@ -180,22 +203,32 @@ def test_while_the_acks_keep_coming_every_release_rides_with_them(
         send(broker, held)
 
     monkeypatch.setattr(carrier, "_send", counted)
-    # Loaded, as after a worker's first release: a ride that meets NOSCRIPT
-    # goes back to the thread (the test above).
-    b.client.script_load(slots.RELEASE.source)
-    next_ack = end = time.monotonic()
-    end += 2.0
-    released = 0
-    while time.monotonic() < end:
-        if time.monotonic() >= next_ack:
-            assert b.send_held_acks([]) == []
-            next_ack += 0.05
-        message = dramatiq.MessageProxy(pack.message(released, 0.0))
-        # (Keys no other test saw waited for: a release of one goes at once.)
-        keys.remember_key(message, f"order:stream-{released}", 1)
-        carrier.after_process_message(b, message)
-        released += 1
-        time.sleep(0.005)
-    assert b.send_held_acks([]) == []
+    released = _stream(broker, 2.0, ack_every=0.05)
     assert sent == [], f"the thread sent {sum(sent)} of {released} releases itself"
     assert not carrier._pending
+
+
+def test_a_steady_stream_of_releases_does_not_hold_off_the_sweep(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sweep (dead holders' slots, the jobs parked behind them) runs once a
+    # second, after the thread's gathering. Acks every 0.2 s, each taking every
+    # release, and a release every 5 ms: one is nearly always pending and none
+    # is ever 0.5 s old (RIDE_GATHER, scaled up from 0.1 s so that this holds
+    # on a slow machine too). The gathering went on as long as the stream did.
+    monkeypatch.setattr(concurrency, "RIDE_GATHER", 0.5)
+    _idle_worker(broker, workers)
+    carrier = _carrier(broker)
+    swept: list[float] = []
+    sweep = carrier._sweep
+
+    def counted(broker: Any, cursors: dict[str, int]) -> None:
+        swept.append(time.monotonic())
+        sweep(broker, cursors)
+
+    monkeypatch.setattr(carrier, "_sweep", counted)
+    time.sleep(concurrency.SWEEP_INTERVAL)  # (a gathering under way ends meanwhile)
+    start = time.monotonic()
+    _stream(broker, 3.0, ack_every=0.2)
+    during = [t for t in swept if t >= start + 0.1]
+    assert len(during) >= 2, f"{len(during)} sweep(s) in 3 s of releases"
