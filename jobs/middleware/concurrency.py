@@ -74,6 +74,9 @@ class Concurrency(dramatiq.Middleware):
         self._urgent = threading.Event()  # a pending release of a key jobs wait for
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Whether the thread takes releases: set as it starts, cleared under
+        # ``_lock`` as it ends, so that none is added to a list nobody sends.
+        self._accepting = False
         self._last_ride = 0.0  # (monotonic) when the acks last came for releases
         self._pending_since: float | None = None  # (monotonic) the oldest pending release's
         # Workers of this broker running in this process (tests run several
@@ -114,15 +117,16 @@ class Concurrency(dramatiq.Middleware):
         held = keys.held_slot(message)
         if held is None:
             return
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        with self._lock:
+            accepting = self._accepting
+            if accepting:
+                self._pending.append(held)
+                first = len(self._pending) == 1
+                if first:
+                    self._pending_since = time.monotonic()
+        if not accepting:
             self._send(broker, [held])  # no releasing thread (yet, or any more)
             return
-        with self._lock:
-            self._pending.append(held)
-            first = len(self._pending) == 1
-            if first:
-                self._pending_since = time.monotonic()
         if slots.waited_for(held.key):
             self._urgent.set()
         if first:
@@ -133,10 +137,11 @@ class Concurrency(dramatiq.Middleware):
         the job-slots thread to send until Redis takes them: the holder is this
         live worker, so no verdict would free those slots. False without a
         running thread (a worker shutting down)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return False
         with self._lock:
+            # (Under the lock: a thread ending between a check and the append
+            # left them in a list nobody sent.)
+            if not self._accepting:
+                return False
             self._pending.extend(held)
             if self._pending_since is None:
                 self._pending_since = time.monotonic()
@@ -153,8 +158,7 @@ class Concurrency(dramatiq.Middleware):
         process of 8 busy threads more than their Redis work (each a hand-over
         of the GIL around its socket waits). None without a job-slots thread
         to hand back to (a stopping worker sends its releases itself)."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
+        if not self._accepting:
             return []
         # Whether or not it finds any: the acks go often (they are sent as jobs
         # end), so releases may wait for the next ones (``_gather``). Counting
@@ -198,6 +202,8 @@ class Concurrency(dramatiq.Middleware):
             if self._thread is not None:
                 self._thread.join(timeout=5)  # (one stopping: it sends what is pending first)
             self._stop.clear()
+            with self._lock:
+                self._accepting = True
             self._thread = threading.Thread(
                 target=self._run, args=(broker,), name="job-slots", daemon=True
             )
@@ -219,6 +225,14 @@ class Concurrency(dramatiq.Middleware):
                 self._thread.join(timeout=5)
 
     def _run(self, broker: Any) -> None:
+        try:
+            self._serve(broker)
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():
+                    self._accepting = False
+
+    def _serve(self, broker: Any) -> None:
         cursors = {slots.PARKED_KEYS: 0, slots.SLOT_KEYS: 0}
         next_sweep = time.monotonic() + SWEEP_INTERVAL
         while True:
@@ -245,8 +259,13 @@ class Concurrency(dramatiq.Middleware):
                 self._wake.set()
             except Exception:  # the thread must outlive any one pass
                 logger.exception("Slot release failed")
-            if stopping and not self._pending:
-                return
+            if stopping:
+                with self._lock:
+                    if not self._pending:
+                        # With the check, under the lock: nothing is added after.
+                        if self._thread is threading.current_thread():
+                            self._accepting = False
+                        return
 
     def _gather(self, until: float) -> bool:
         """Wait until the pending releases should go: within ``GATHER`` of one
@@ -268,11 +287,11 @@ class Concurrency(dramatiq.Middleware):
             due = since + (RIDE_GATHER if riding else LAZY_GATHER)
             if now >= due:
                 return True
-            if now >= until:
+            if now >= until and not self._urgent.is_set():
                 return False
             # Woken only when due (each wake-up is a hand-over of the GIL): acks
             # that stop meanwhile leave the release to wait RIDE_GATHER at most.
-            if self._urgent.wait(min(due, until) - now):
+            if self._urgent.wait(max(0.0, min(due, until) - now)):
                 break
         time.sleep(GATHER)
         return True

@@ -4,6 +4,7 @@ releases, and the job-slots thread leaves them to it while it goes often."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -232,3 +233,46 @@ def test_a_steady_stream_of_releases_does_not_hold_off_the_sweep(
     _stream(broker, 3.0, ack_every=0.2)
     during = [t for t in swept if t >= start + 0.1]
     assert len(during) >= 2, f"{len(during)} sweep(s) in 3 s of releases"
+
+
+def test_a_ride_handed_back_as_the_thread_ends_is_sent_not_stranded(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ledger writer's last acks go after the job-slots thread is told to
+    # stop (Dramatiq runs shutdown hooks in reverse order). A ride Redis
+    # refused comes back (``ride_back``): the thread was alive when checked,
+    # ended before the releases were added, and they stayed in a list nobody
+    # sent; the slot stayed this worker's until the verdict on it, 15 s after
+    # it stopped beating. The writer is slowed between the two here.
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    held = _take_slot("order:strand", "strand")
+    lock = carrier._lock
+
+    class SlowForTheWriter:
+        def __enter__(self) -> Any:
+            if threading.current_thread().name == "writer":
+                time.sleep(0.5)
+            return lock.__enter__()
+
+        def __exit__(self, *exc: Any) -> Any:
+            return lock.__exit__(*exc)
+
+    monkeypatch.setattr(carrier, "_lock", SlowForTheWriter())
+    writer = threading.Thread(target=carrier.ride_back, args=([held], b), name="writer")
+    writer.start()
+    time.sleep(0.1)
+    carrier.after_worker_shutdown(broker, workers[0])
+    writer.join()
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:strand"), timeout=2.0)
+
+
+def test_a_release_jobs_wait_for_goes_at_once_even_at_the_sweeps_time() -> None:
+    # The gathering ends at the next sweep's time; a release of a key with
+    # jobs waiting (``_urgent``) that came just then lost its fast path: the
+    # thread swept, cleared the flag, and let the release gather 20-100 ms.
+    carrier = concurrency.Concurrency()
+    carrier._pending.append(slots.Held("order:1", "m1", 1, "r1", 1))
+    carrier._pending_since = time.monotonic()
+    carrier._urgent.set()
+    assert carrier._gather(until=time.monotonic() - 0.001) is True
