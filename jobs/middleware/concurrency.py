@@ -229,8 +229,13 @@ class Concurrency(dramatiq.Middleware):
             self._serve(broker)
         finally:
             with self._lock:
-                if self._thread is threading.current_thread():
-                    self._accepting = False
+                self._closing()
+
+    def _closing(self) -> None:
+        """This thread takes no more releases (under ``_lock``): unless a newer
+        one took over, after a stop that waited for it in vain."""
+        if self._thread is threading.current_thread():
+            self._accepting = False
 
     def _serve(self, broker: Any) -> None:
         cursors = {slots.PARKED_KEYS: 0, slots.SLOT_KEYS: 0}
@@ -262,9 +267,7 @@ class Concurrency(dramatiq.Middleware):
             if stopping:
                 with self._lock:
                     if not self._pending:
-                        # With the check, under the lock: nothing is added after.
-                        if self._thread is threading.current_thread():
-                            self._accepting = False
+                        self._closing()  # (with the check: nothing is added after)
                         return
 
     def _gather(self, until: float) -> bool:

@@ -160,6 +160,22 @@ def test_a_ride_refused_while_the_worker_stops_is_still_sent(
     assert not slots.holders(b.client, b.namespace, "order:30")
 
 
+def _calls(
+    monkeypatch: pytest.MonkeyPatch, carrier: concurrency.Concurrency, method: str
+) -> list[tuple[float, tuple[Any, ...]]]:
+    """Each call of ``carrier``'s ``method`` from now on: when (monotonic), and
+    its arguments. The method still runs."""
+    calls: list[tuple[float, tuple[Any, ...]]] = []
+    real = getattr(carrier, method)
+
+    def recorded(*args: Any) -> Any:
+        calls.append((time.monotonic(), args))
+        return real(*args)
+
+    monkeypatch.setattr(carrier, method, recorded)
+    return calls
+
+
 def _stream(broker: dramatiq.Broker, seconds: float, ack_every: float) -> int:
     """Keyed jobs ending steadily (a release every 5 ms) for ``seconds``, and
     the ledger writer's acks every ``ack_every`` seconds; the releases made."""
@@ -196,15 +212,9 @@ def test_while_the_acks_keep_coming_every_release_rides_with_them(
     monkeypatch.setattr(concurrency, "RIDE_GATHER", 0.5)
     _idle_worker(broker, workers)
     carrier = _carrier(broker)
-    sent: list[int] = []
-    send = carrier._send
-
-    def counted(broker: Any, held: list[slots.Held]) -> None:
-        sent.append(len(held))
-        send(broker, held)
-
-    monkeypatch.setattr(carrier, "_send", counted)
+    sends = _calls(monkeypatch, carrier, "_send")
     released = _stream(broker, 2.0, ack_every=0.05)
+    sent = [len(held) for _, (_, held) in sends]
     assert sent == [], f"the thread sent {sum(sent)} of {released} releases itself"
     assert not carrier._pending
 
@@ -219,19 +229,11 @@ def test_a_steady_stream_of_releases_does_not_hold_off_the_sweep(
     # on a slow machine too). The gathering went on as long as the stream did.
     monkeypatch.setattr(concurrency, "RIDE_GATHER", 0.5)
     _idle_worker(broker, workers)
-    carrier = _carrier(broker)
-    swept: list[float] = []
-    sweep = carrier._sweep
-
-    def counted(broker: Any, cursors: dict[str, int]) -> None:
-        swept.append(time.monotonic())
-        sweep(broker, cursors)
-
-    monkeypatch.setattr(carrier, "_sweep", counted)
+    swept = _calls(monkeypatch, _carrier(broker), "_sweep")
     time.sleep(concurrency.SWEEP_INTERVAL)  # (a gathering under way ends meanwhile)
     start = time.monotonic()
     _stream(broker, 3.0, ack_every=0.2)
-    during = [t for t in swept if t >= start + 0.1]
+    during = [t for t, _ in swept if t >= start + 0.1]
     assert len(during) >= 2, f"{len(during)} sweep(s) in 3 s of releases"
 
 
