@@ -250,25 +250,37 @@ class Concurrency(dramatiq.Middleware):
                 send = self._gather(until=next_sweep)
             self._urgent.clear()
             stopping = self._stop.is_set()
-            try:
-                if send or stopping:
-                    self._send_pending(broker)
-                if time.monotonic() >= next_sweep and not stopping:
-                    next_sweep = time.monotonic() + SWEEP_INTERVAL
-                    self._sweep(broker, cursors)
-            except redis.RedisError as exc:
-                logger.warning("Slots not freed yet, trying again: %s", exc)
-                if stopping:
-                    return  # the verdict on this worker frees them once it stops beating
-                self._stop.wait(RETRY_INTERVAL)
-                self._wake.set()
-            except Exception:  # the thread must outlive any one pass
-                logger.exception("Slot release failed")
+            refused = (send or stopping) and not self._attempt(self._send_pending, broker)
             if stopping:
+                if refused:
+                    return  # the verdict on this worker frees them once it stops beating
                 with self._lock:
                     if not self._pending:
                         self._closing()  # (with the check: nothing is added after)
                         return
+                continue
+            # In a pass of its own: a batch Redis keeps refusing (a key someone
+            # overwrote with another type) held off the sweep on every attempt,
+            # and with it every dead worker's slot and the jobs parked behind.
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + SWEEP_INTERVAL
+                self._attempt(self._sweep, broker, cursors)
+            if refused:
+                self._stop.wait(RETRY_INTERVAL)
+                self._wake.set()
+
+    def _attempt(self, step: Any, *args: Any) -> bool:
+        """Run one step of a pass; False if it failed (logged): the thread
+        must outlive any one pass."""
+        try:
+            step(*args)
+        except redis.RedisError as exc:
+            logger.warning("Slots not freed yet, trying again: %s", exc)
+            return False
+        except Exception:
+            logger.exception("Slot release failed")
+            return False
+        return True
 
     def _gather(self, until: float) -> bool:
         """Wait until the pending releases should go: within ``GATHER`` of one

@@ -278,3 +278,25 @@ def test_a_release_jobs_wait_for_goes_at_once_even_at_the_sweeps_time() -> None:
     carrier._pending_since = time.monotonic()
     carrier._urgent.set()
     assert carrier._gather(until=time.monotonic() - 0.001) is True
+
+
+def test_a_batch_redis_keeps_refusing_does_not_hold_off_the_sweep(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker]
+) -> None:
+    # A release Redis refuses each time (here: its key's slots overwritten
+    # with a string, so the script's HMGET fails) stays pending and is sent
+    # again every 0.2 s. The sweep ran in the same step, after the send, and
+    # never came: a dead worker's slot of another key stayed taken.
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    b.client.set(f"{b.namespace}:{slots.SLOTS}order:poisoned", "not a hash")
+    with carrier._lock:
+        carrier._pending.append(slots.Held("order:poisoned", "p1", 1, "r-p1", 1))
+        carrier._pending_since = time.monotonic()
+    carrier._wake.set()
+    b.client.hset(f"{b.namespace}:{slots.SLOTS}order:9", "killed-job", "W:ghost:redis-id")
+    b.client.sadd(f"{b.namespace}:{slots.SLOT_KEYS}", "order:9")
+    b.client.set(f"{b.namespace}:__contact_since__", 0)  # a contact period old enough to judge
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:9"), timeout=5.0)
+    # Still pending, to be sent again (taken for a moment at each attempt).
+    wait_until(lambda: bool(carrier._pending), timeout=1.0)
