@@ -96,3 +96,27 @@ def test_a_release_of_more_jobs_of_one_key_than_lua_can_unpack_frees_them_all(
     slots.release(client, rb.namespace, held, broker_id=rb.broker_id)
     assert slots.holders(client, rb.namespace, key) == {}
     assert not client.smembers(f"{rb.namespace}:{slots.SLOT_KEYS}")
+
+
+def test_a_sweep_reads_each_holders_beat_once_not_once_a_slot(
+    broker: dramatiq.Broker,
+) -> None:
+    # A shared key's slots are hundreds of one or two workers' jobs (2 x 8
+    # threads, their prefetch, releases gathering for the acks). The sweep
+    # read the heartbeat of each slot's holder: 300 ZSCOREs here, once a second
+    # per worker. Two live workers and a dead one: one read each.
+    rb, client = redis_broker(), redis_broker().client
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    client.zadd(f"{rb.namespace}:__heartbeats__", {"live-a": now_ms, "live-b": now_ms})
+    holders = {f"job-{n}": f"W:{('live-a', 'live-b', 'dead')[n % 3]}:r{n}:1" for n in range(300)}
+    client.hset(f"{rb.namespace}:{slots.SLOTS}tenant:big", mapping=holders)
+    client.sadd(f"{rb.namespace}:{slots.SLOT_KEYS}", "tenant:big")
+    client.set(f"{rb.namespace}:__contact_since__", 0)  # a contact period old enough to judge
+    client.config_resetstat()
+    slots.sweep(client, rb.namespace, timeout_ms=60_000, among=slots.SLOT_KEYS)
+    assert _commands_inside(client).get("zscore") == 3
+    # The dead worker's 100 slots freed, the live workers' 200 kept.
+    left = slots.holders(client, rb.namespace, "tenant:big")
+    assert len(left) == 200
+    assert not any(":dead:" in holder for holder in left.values())
