@@ -250,7 +250,9 @@ class Concurrency(dramatiq.Middleware):
                 send = self._gather(until=next_sweep)
             self._urgent.clear()
             stopping = self._stop.is_set()
-            refused = (send or stopping) and not self._attempt(self._send_pending, broker)
+            # Refused by Redis (a release not sent is put back): tried again
+            # after RETRY_INTERVAL. (Any other error lost its batch, as ever.)
+            refused = (send or stopping) and self._attempt(self._send_pending, broker)
             if stopping:
                 if refused:
                     return  # the verdict on this worker frees them once it stops beating
@@ -270,17 +272,16 @@ class Concurrency(dramatiq.Middleware):
                 self._wake.set()
 
     def _attempt(self, step: Any, *args: Any) -> bool:
-        """Run one step of a pass; False if it failed (logged): the thread
-        must outlive any one pass."""
+        """Run one step of a pass; whether Redis refused it (logged). Any other
+        error is logged too: the thread must outlive any one pass."""
         try:
             step(*args)
         except redis.RedisError as exc:
             logger.warning("Slots not freed yet, trying again: %s", exc)
-            return False
+            return True
         except Exception:
             logger.exception("Slot release failed")
-            return False
-        return True
+        return False
 
     def _gather(self, until: float) -> bool:
         """Wait until the pending releases should go: within ``GATHER`` of one

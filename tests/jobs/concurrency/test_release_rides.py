@@ -300,3 +300,22 @@ def test_a_batch_redis_keeps_refusing_does_not_hold_off_the_sweep(
     wait_until(lambda: not slots.holders(b.client, b.namespace, "order:9"), timeout=5.0)
     # Still pending, to be sent again (taken for a moment at each attempt).
     wait_until(lambda: bool(carrier._pending), timeout=1.0)
+
+
+def test_a_release_that_fails_outside_redis_does_not_strand_the_rest_at_shutdown(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A release that fails before it reaches Redis (a key with a lone
+    # surrogate, which redis-py cannot encode) is lost, as it always was; the
+    # releases behind it must still go as the worker stops. The thread took any
+    # failure for Redis refusing and ended with them unsent: their slots stayed
+    # taken until the verdict on the stopped worker, 15 s later.
+    monkeypatch.setattr(concurrency, "RELEASES_PER_CALL", 1)  # (one batch each)
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    good = _take_slot("order:behind", "behind")
+    with carrier._lock:
+        carrier._pending += [slots.Held("order:\ud800", "bad", 1, "r-bad", 1), good]
+        carrier._pending_since = time.monotonic()
+    carrier.after_worker_shutdown(broker, workers[0])
+    assert not slots.holders(b.client, b.namespace, "order:behind")
