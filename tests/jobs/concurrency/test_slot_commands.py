@@ -109,7 +109,9 @@ def test_a_sweep_reads_each_holders_beat_once_not_once_a_slot(
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     client.zadd(f"{rb.namespace}:__heartbeats__", {"live-a": now_ms, "live-b": now_ms})
-    holders = {f"job-{n}": f"W:{('live-a', 'live-b', 'dead')[n % 3]}:r{n}:1" for n in range(300)}
+    holders: dict[Any, Any] = {
+        f"job-{n}": f"W:{('live-a', 'live-b', 'dead')[n % 3]}:r{n}:1" for n in range(300)
+    }
     client.hset(f"{rb.namespace}:{slots.SLOTS}tenant:big", mapping=holders)
     client.sadd(f"{rb.namespace}:{slots.SLOT_KEYS}", "tenant:big")
     client.set(f"{rb.namespace}:__contact_since__", 0)  # a contact period old enough to judge
