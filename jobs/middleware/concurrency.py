@@ -252,7 +252,7 @@ class Concurrency(dramatiq.Middleware):
             stopping = self._stop.is_set()
             # Refused by Redis (a release not sent is put back): tried again
             # after RETRY_INTERVAL. (Any other error lost its batch, as ever.)
-            refused = (send or stopping) and self._attempt(self._send_pending, broker)
+            refused = (send or stopping) and self._refused(self._send_pending, broker)
             if stopping:
                 if refused:
                     return  # the verdict on this worker frees them once it stops beating
@@ -266,12 +266,12 @@ class Concurrency(dramatiq.Middleware):
             # and with it every dead worker's slot and the jobs parked behind.
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_INTERVAL
-                self._attempt(self._sweep, broker, cursors)
+                self._refused(self._sweep, broker, cursors)
             if refused:
                 self._stop.wait(RETRY_INTERVAL)
                 self._wake.set()
 
-    def _attempt(self, step: Any, *args: Any) -> bool:
+    def _refused(self, step: Any, *args: Any) -> bool:
         """Run one step of a pass; whether Redis refused it (logged). Any other
         error is logged too: the thread must outlive any one pass."""
         try:

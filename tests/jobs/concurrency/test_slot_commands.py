@@ -105,7 +105,8 @@ def test_a_sweep_reads_each_holders_beat_once_not_once_a_slot(
     # threads, their prefetch, releases gathering for the acks). The sweep
     # read the heartbeat of each slot's holder: 300 ZSCOREs here, once a second
     # per worker. Two live workers and a dead one: one read each.
-    rb, client = redis_broker(), redis_broker().client
+    rb = redis_broker()
+    client = rb.client
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
     client.zadd(f"{rb.namespace}:__heartbeats__", {"live-a": now_ms, "live-b": now_ms})
