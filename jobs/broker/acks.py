@@ -231,10 +231,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
         decided = self._decision_for(message)
         if decided is not None:
             if _held_until_eta(message):
-                slot = concurrency_keys.held_slot(message, decided.token)
-                self._free([slot] if slot is not None else [])  # (kept decisions: taken)
+                self._free(self._slot_of(message, decided))  # (kept decisions: taken)
                 return True
-            outcome, key, token = (decided.outcome, decided.waited), decided.key, decided.token
+            outcome = slots.Outcome(decided.outcome, decided.waited, decided.reason)
+            key, token = decided.key, decided.token
         else:
             keyed = concurrency_keys.key_of(message)
             if keyed is None:
@@ -250,7 +250,14 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 self.message_cache.insert(0, message.encode())
                 self.queued_message_ids.discard(message.message_id)
                 raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
-        taken, waited = outcome
+        taken, waited, reason = outcome
+        if taken == slots.UNUSABLE:
+            # Its key's data in Redis is of another type: no slot can be taken
+            # or parked on. On to a worker thread, where the Concurrency
+            # middleware fails it for good, before it runs: recorded in the
+            # ledger and dead-lettered, for the admin's Retry once repaired.
+            concurrency_keys.refuse(message, key, reason)
+            return True
         if taken == slots.TAKEN:
             # Its release reads the key here rather than building it again.
             concurrency_keys.remember_key(message, key, token)
@@ -290,6 +297,8 @@ class LedgerOrderedConsumer(_RedisConsumer):
             if job.outcome == slots.TAKEN:
                 self.slots_taken[job.message_id] = job
                 taken.append(job.message_id)
+            elif job.outcome == slots.UNUSABLE:
+                self.slots_taken[job.message_id] = job  # (fetched: to fail for good)
             else:
                 self.parked_by_fetch += 1
                 self._parked(job.key, job.actor_name)
@@ -297,7 +306,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
 
     def _acquire_batch(
         self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
-    ) -> tuple[tuple[int, float | None], int]:
+    ) -> tuple[slots.Outcome, int]:
         """Slots for ``message`` and every keyed job still in the fetch cache, in
         one round trip; the cached jobs that were parked leave the cache.
         ``message``'s outcome, and the take token."""
@@ -347,9 +356,16 @@ class LedgerOrderedConsumer(_RedisConsumer):
             raise
         parked = set()
         for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
-            if outcome[0] == slots.TAKEN:
+            if outcome.outcome in (slots.TAKEN, slots.UNUSABLE):  # (both stay in the cache)
                 self.slots_taken[job.message_id] = slots.Decided(
-                    job.message_id, outcome[0], outcome[1], job.key, job.actor_name, token, False
+                    job.message_id,
+                    outcome.outcome,
+                    outcome.waited,
+                    job.key,
+                    job.actor_name,
+                    token,
+                    by_fetch=False,
+                    reason=outcome.reason,
                 )
             else:
                 parked.add(id(data))
@@ -430,10 +446,20 @@ class LedgerOrderedConsumer(_RedisConsumer):
         for message in messages:
             decided = self._decision_for(message)
             maybe = self.maybe_taken.pop(message.message_id, None)
-            slot = concurrency_keys.held_slot(message, decided.token if decided else maybe)
-            if slot is not None:
+            if decided is not None:
+                held += self._slot_of(message, decided)
+            elif (slot := concurrency_keys.held_slot(message, maybe)) is not None:
                 held.append(slot)
         return held
+
+    @staticmethod
+    def _slot_of(message: dramatiq.MessageProxy, decided: slots.Decided) -> list[slots.Held]:
+        """The slot the take that ``decided`` on ``message`` holds: none for a
+        key it could not use (it wrote nothing)."""
+        if decided.outcome == slots.UNUSABLE:
+            return []
+        slot = concurrency_keys.held_slot(message, decided.token)
+        return [slot] if slot is not None else []
 
     def _free(self, held: list[slots.Held]) -> None:
         if not held:
@@ -567,6 +593,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 job.token,
             )
             for job in left.values()
+            if job.outcome != slots.UNUSABLE
         ]
         if held:
             logger.warning("Freeing %d slot(s) of job(s) this worker will not run", len(held))

@@ -37,6 +37,7 @@ contact period), never while the holder's heartbeat goes on, however slow its jo
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from typing import Any, NamedTuple
 from jobs.broker.limits import CONCURRENCY_KEY
 from jobs.broker.scripts import LuaScript
 from jobs.concurrency import takes
+
+logger = logging.getLogger(__name__)
 
 SLOTS = "__slots__."
 PARKED = "__parked__."
@@ -58,6 +61,40 @@ LIMITS = "__slot_limits__"
 _NOW = """
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# A key of another type than the one this code writes there (written by
+# hand, or by another application sharing the database): Redis refuses the
+# command, and a script that fails keeps what it wrote before (Redis has no
+# rollback). A job popped from its queue or its parked list would be lost half
+# way. ``misfit``: the first of its (key, type) pairs holding another type, as
+# the operator's error text, or nil; each key read once per call (only this
+# script writes meanwhile, and only the types it checks). ``refusal``: the text
+# of a failure caught with ``pcall``: that misfit among the keys given, or
+# Redis's own error.
+_FITS = """
+local fits = {}
+local function misfit(...)
+    local checks = {...}
+    for i = 1, #checks, 2 do
+        local key, kind = checks[i], checks[i + 1]
+        local found = fits[key]
+        if found == nil then
+            found = redis.call("type", key)["ok"]
+            if found == "none" then
+                found = kind
+            end
+            fits[key] = found
+        end
+        if found ~= kind then
+            return key .. " holds a " .. found .. ", not a " .. kind
+        end
+    end
+    return nil
+end
+local function refusal(err, ...)
+    return misfit(...) or (type(err) == "table" and err.err) or tostring(err)
+end
 """
 
 # Frees the slots of dead holders and of reservations never claimed. A holder
@@ -131,6 +168,22 @@ local function unpark(ns, key, limit, now)
         if held and string.sub(held, 1, 1) == "W" then
             kept[#kept + 1] = entry
         else
+            local bad = queue and misfit(
+                ns .. ":__parked_ids__", "hash", ns .. ":__parked_since__." .. queue, "zset",
+                ns .. ":__parked_per_queue__", "hash", ns .. ":" .. queue .. ".msgs", "hash",
+                ns .. ":__slot_keys__", "set", ns .. ":" .. queue, "list",
+                ns .. ":" .. queue .. ".wake", "list"
+            )
+            if bad then
+                -- Back where it was, with those kept ahead of it: the job
+                -- waits until the key is repaired (each release and sweep of
+                -- the key reports it) rather than being lost.
+                redis.call("lpush", parked, entry)
+                for i = #kept, 1, -1 do
+                    redis.call("lpush", parked, kept[i])
+                end
+                error(bad, 0)
+            end
             if message_id then
                 redis.call("hdel", ns .. ":__parked_ids__", message_id)
             end
@@ -169,8 +222,12 @@ end
 # Takes a slot for one job, or parks it. (outcome, waited): 1, the slot is the
 # job's; 0, parked; 2, the job is no longer in this worker's ack set (``acks``;
 # maintenance handed it back: this worker was judged dead), so it is neither
-# run nor parked here. ``acks`` is nil for a job the fetch has just taken from
-# its queue (``FETCH_PREFIX``): not in any ack set yet, it has nothing to leave.
+# run nor parked here. Raises, having written nothing of the job, when a key
+# it would write holds another type (``_FITS``); a caller's ``pcall`` makes
+# that outcome 3, the key unusable, with the reason in place of the wait (a
+# prune may have freed dead holders' slots before: those stay freed).
+# ``acks`` is nil for a job the fetch has just taken from its queue
+# (``FETCH_PREFIX``): not in any ack set yet, it has nothing to leave.
 # waited: how long a job a freed slot was reserved for had been parked (ms),
 # or -1. ``counted``: slots held per key as this script has counted them (one
 # HLEN per key and call, not per job: the script alone writes them meanwhile).
@@ -192,13 +249,14 @@ local function take(
     -- The common case in one command: a free slot the message does not hold
     -- yet. A redis.call costs Redis about a microsecond beyond the command's
     -- own work; a take was four, a fifth of a no-op job's cost in Redis.
+    -- Among the keys with slots, for the sweep of dead holders' slots: once a
+    -- key and call (and again after a prune emptied the hash), which also puts
+    -- back a key someone took out by hand. Before the slot is written: every
+    -- write of a take comes after the commands that may refuse it (``_FITS``).
+    if taken < limit and (first or taken == 0) then
+        redis.call("sadd", ns .. ":__slot_keys__", key)
+    end
     if taken < limit and redis.call("hsetnx", slots, message_id, holder) == 1 then
-        if first or taken == 0 then
-            -- Among the keys with slots, for the sweep of dead holders' slots:
-            -- once a key and call (and again after a prune emptied the hash),
-            -- which also puts back a key someone took out by hand.
-            redis.call("sadd", ns .. ":__slot_keys__", key)
-        end
         counted[key] = taken + 1
         return 1, -1
     end
@@ -223,22 +281,31 @@ local function take(
             mine = redis.call("hget", slots, message_id)
         end
         if mine or taken >= limit then
+            local parked, since = ns .. ":__parked__." .. key, ns .. ":__parked_since__." .. queue
+            local bad = misfit(
+                parked, "list", ns .. ":__parked_per_queue__", "hash",
+                ns .. ":__parked_ids__", "hash", since, "zset", ns .. ":__parked_keys__", "set",
+                ns .. ":__slot_limits__", "hash", ns .. ":__slot_templates__", "hash"
+            )
+            if bad then
+                error(bad, 0)
+            end
             if acks and redis.call("srem", acks, redis_id) == 0 then
                 return 2, waited
             end
             local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
-            redis.call("rpush", ns .. ":__parked__." .. key, entry)
+            redis.call("rpush", parked, entry)
             redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
             redis.call("hset", ns .. ":__parked_ids__", message_id, key)
-            redis.call("zadd", ns .. ":__parked_since__." .. queue, now, message_id)
+            redis.call("zadd", since, now, message_id)
             redis.call("sadd", ns .. ":__parked_keys__", key)
             redis.call("hset", ns .. ":__slot_limits__", key, limit)
             redis.call("hset", ns .. ":__slot_templates__", key, template)
             return 0, waited
         end
     end
-    redis.call("hset", slots, message_id, holder)
     redis.call("sadd", ns .. ":__slot_keys__", key)
+    redis.call("hset", slots, message_id, holder)
     counted[key] = own and taken or taken + 1  -- (a slot it held already is counted)
     return 1, waited
 end
@@ -252,6 +319,7 @@ end
 # thread, which every job goes through, cost 60% of the throughput.
 ACQUIRE = LuaScript(
     _NOW
+    + _FITS
     + _PRUNE
     + _TAKE
     + """
@@ -260,10 +328,15 @@ local token = ARGV[4]
 local acks = ns .. ":__acks__." .. broker_id .. "." .. queue
 local outcomes, counted = {}, {}
 for i = 5, #ARGV, 5 do
-    local outcome, waited = take(
-        ns, broker_id, queue, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
+    local ok, outcome, waited = pcall(
+        take, ns, broker_id, queue, ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3],
         ARGV[i + 4], timeout, now, acks, counted, token
     )
+    if not ok then
+        outcome, waited = 3, refusal(
+            outcome, ns .. ":__slots__." .. ARGV[i], "hash", ns .. ":__slot_keys__", "set"
+        )
+    end
     outcomes[#outcomes + 1] = outcome
     outcomes[#outcomes + 1] = waited
 end
@@ -296,6 +369,7 @@ PARK_PER_FETCH = 100
 # (ms, -1), key and actor.
 FETCH_PREFIX = (
     'if ARGV[1] == "fetch" and ARGV[10] == "slots" then\n'
+    + _FITS
     + _PRUNE
     + _TAKE
     + f"""
@@ -352,11 +426,17 @@ FETCH_PREFIX = (
                     if declaration and type(key) == "string" and key ~= ""
                             and not string.find(key, "[^\\32-\\126]")
                             and not string.find(message_id, "[^\\32-\\126]") then
-                        local waited
-                        outcome, waited = take(
-                            ns, broker_id, queue, key, declaration[1], message_id,
+                        local ok, waited
+                        ok, outcome, waited = pcall(
+                            take, ns, broker_id, queue, key, declaration[1], message_id,
                             redis_id, declaration[2], timeout, jobs_now, nil, counted, token
                         )
+                        if not ok then  -- (handed out, to fail for good: never lost)
+                            outcome, waited = 3, refusal(
+                                outcome, ns .. ":__slots__." .. key, "hash",
+                                ns .. ":__slot_keys__", "set"
+                            )
+                        end
                         if outcome == 1 and waited < 0 then
                             taken[n_taken + 1] = message_id
                             taken[n_taken + 2] = key
@@ -395,12 +475,13 @@ class Decided(NamedTuple):
     """What a fetch with slots decided for one keyed job (``FETCH_PREFIX``)."""
 
     message_id: str
-    outcome: int  # TAKEN or PARKED_NOW
+    outcome: int  # TAKEN, PARKED_NOW or UNUSABLE
     waited: float | None  # seconds it had waited parked, for a reserved slot
     key: str
     actor_name: str
     token: int  # the take's (``jobs.concurrency.takes``)
     by_fetch: bool = True  # (False: by the consumer's ACQUIRE)
+    reason: str = ""  # why the key is UNUSABLE
 
 
 def decided(info: list[Any], token: int) -> list[Decided]:
@@ -411,17 +492,19 @@ def decided(info: list[Any], token: int) -> list[Decided]:
         Decided(fields[i], TAKEN, None, fields[i + 1], fields[i + 2], token)
         for i in range(0, len(fields), 3)
     ]
-    jobs += [
-        Decided(
-            _text(info[i]),
-            int(info[i + 1]),
-            None if int(info[i + 2]) < 0 else int(info[i + 2]) / 1000,
-            _text(info[i + 3]),
-            _text(info[i + 4]),
-            token,
+    for i in range(1, len(info), 5):
+        outcome = Outcome.of(info[i + 1], info[i + 2])
+        jobs.append(
+            Decided(
+                _text(info[i]),
+                outcome.outcome,
+                outcome.waited,
+                _text(info[i + 3]),
+                _text(info[i + 4]),
+                token,
+                reason=outcome.reason,
+            )
         )
-        for i in range(1, len(info), 5)
-    ]
     return jobs
 
 
@@ -445,20 +528,21 @@ def wrap_dispatch(body: str) -> str:
 # this worker), ...], [take token (0: any take of the delivery), ...]], ...],
 # at most ``GROUP_MAX`` jobs a group. Frees each job's slot (held by this
 # take, or reserved for the delivery; not a slot another copy of the same
-# message holds, nor a later take of the same delivery) and hands what is free to parked
-# jobs; returns how many it started, then the keys that had jobs parked
-# (``waited``). One JSON argument rather than four a job: on this project's
-# 2-core VM each argument cost the release thread about 1.8 us of CPU (redis-py
-# encodes and checks each one), the largest share of a keyed job's cost in the
-# worker; and a key's own commands run once per group.
+# message holds, nor a later take of the same delivery) and hands what is free
+# to parked jobs; returns how many it started, the keys that had jobs parked
+# (``waited``), and per key it could not use (``_FITS``) the key and why. One
+# JSON argument rather than four a job: on this project's 2-core VM each
+# argument cost the release thread about 1.8 us of CPU (redis-py encodes and
+# checks each one), the largest share of a keyed job's cost in the worker; and
+# a key's own commands run once per group.
 RELEASE = LuaScript(
     _NOW
+    + _FITS
     + _UNPARK
     + """
-local started = 0
-local waited = {}
+local started, waited, refused = 0, {}, {}
 local prefix = "W:" .. ARGV[1] .. ":"
-for _, group in ipairs(cjson.decode(ARGV[2])) do
+local function release(group)
     local key, limit, message_ids, redis_ids = group[1], group[2], group[3], group[4]
     local tokens = group[5] or {}
     local slots = KEYS[1] .. ":__slots__." .. key
@@ -505,17 +589,32 @@ for _, group in ipairs(cjson.decode(ARGV[2])) do
         redis.call("srem", KEYS[1] .. ":__slot_keys__", key)
     end
 end
-table.insert(waited, 1, started)
-return waited
+-- One key's data of another type refuses that key's group, not the batch:
+-- the releases of every other key (this worker's, for a second) go on.
+for _, group in ipairs(cjson.decode(ARGV[2])) do
+    local ok, err = pcall(release, group)
+    if not ok then
+        local ns, key = KEYS[1], group[1]
+        refused[#refused + 1] = key
+        refused[#refused + 1] = refusal(
+            err, ns .. ":__slots__." .. key, "hash", ns .. ":__parked_keys__", "set",
+            ns .. ":__parked__." .. key, "list", ns .. ":__slot_keys__", "set",
+            ns .. ":__slot_limits__", "hash"
+        )
+    end
+end
+return {started, waited, refused}
 """
 )
 
 # KEYS: namespace. ARGV: heartbeat timeout (ms), the sweeping worker's broker
 # id, its next take token and its live ones, comma-separated (``_PRUNE``), then
-# keys with parked jobs. Frees
-# dead holders' slots and starts parked jobs where that made room.
+# keys with parked jobs. Frees dead holders' slots and starts parked jobs where
+# that made room; returns how many it started, then per key it could not use
+# (``_FITS``) the key and why.
 SWEEP = LuaScript(
     _NOW
+    + _FITS
     + _PRUNE
     + _UNPARK
     + """
@@ -524,16 +623,47 @@ local me, upto, live = ARGV[2], tonumber(ARGV[3]), {}
 for token in string.gmatch(ARGV[4], "%d+") do
     live[token] = true
 end
-for i = 5, #ARGV do
-    local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", ARGV[i]) or "1")
-    prune(ns, ns .. ":__slots__." .. ARGV[i], timeout, now, me, upto, live)
-    started = started + unpark(ns, ARGV[i], limit, now)
+local function sweep(key)
+    local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", key) or "1")
+    prune(ns, ns .. ":__slots__." .. key, timeout, now, me, upto, live)
+    started = started + unpark(ns, key, limit, now)
 end
-return started
+local reply = {0}
+for i = 5, #ARGV do
+    local ok, err = pcall(sweep, ARGV[i])
+    if not ok then  -- (the other keys are swept: see RELEASE)
+        reply[#reply + 1] = ARGV[i]
+        reply[#reply + 1] = refusal(
+            err, ns .. ":__slots__." .. ARGV[i], "hash", ns .. ":__parked__." .. ARGV[i], "list",
+            ns .. ":__slot_limits__", "hash", ns .. ":__slot_keys__", "set",
+            ns .. ":__parked_keys__", "set"
+        )
+    end
+end
+reply[1] = started
+return reply
 """
 )
 
-TAKEN, PARKED_NOW, NOT_OURS = 1, 0, 2
+TAKEN, PARKED_NOW, NOT_OURS, UNUSABLE = 1, 0, 2, 3
+
+
+class Outcome(NamedTuple):
+    """A take's outcome (``_TAKE``): for a job that waited parked, for how long
+    (seconds; None for the others); for an ``UNUSABLE`` key, why."""
+
+    outcome: int
+    waited: float | None
+    reason: str = ""
+
+    @classmethod
+    def of(cls, outcome: Any, waited: Any) -> Outcome:
+        """From a script's reply: ``waited`` is the reason of an unusable key."""
+        if int(outcome) == UNUSABLE:
+            return cls(UNUSABLE, None, _text(waited))
+        return cls(int(outcome), None if int(waited) < 0 else int(waited) / 1000)
+
+
 # Jobs of one key per group of a RELEASE: its HMGET and HDEL pass them as
 # arguments (Lua's unpack), which Redis's Lua stack holds up to about 8,000.
 GROUP_MAX = 1000
@@ -566,11 +696,11 @@ def acquire(
     queue_name: str,
     timeout_ms: int,
     token: int | None = None,
-) -> list[tuple[int, float | None]]:
-    """Per job: ``TAKEN``, ``PARKED_NOW`` or ``NOT_OURS`` (see ``ACQUIRE``), and
-    for a job that waited parked, for how long (seconds; None for the others).
-    ``token``: the take token (``jobs.concurrency.takes``) the caller got for
-    this call, which it ends; a new one without."""
+) -> list[Outcome]:
+    """Per job: ``TAKEN``, ``PARKED_NOW``, ``NOT_OURS`` or ``UNUSABLE`` (see
+    ``_TAKE``), and for a job that waited parked, for how long. ``token``: the
+    take token (``jobs.concurrency.takes``) the caller got for this call, which
+    it ends; a new one without."""
     book = takes.of(broker_id)
     if token is None:
         token = book.call()
@@ -580,10 +710,7 @@ def acquire(
         for job in wanted:
             args += [job.key, job.limit, job.message_id, job.redis_message_id, job.template]
         reply = ACQUIRE(client, [namespace], args)
-        outcomes = [
-            (int(outcome), None if int(waited) < 0 else int(waited) / 1000)
-            for outcome, waited in zip(reply[::2], reply[1::2], strict=True)
-        ]
+        outcomes = [Outcome.of(*pair) for pair in zip(reply[::2], reply[1::2], strict=True)]
         taken = [job.message_id for job, o in zip(wanted, outcomes, strict=True) if o[0] == TAKEN]
     finally:
         book.called(token, taken)
@@ -650,9 +777,38 @@ def released(reply: list[Any], held: list[Held], *, broker_id: str) -> int:
     jobs it started; the keys that had jobs parked are noted as waited for
     (``waited_for``), and the takes as released (``jobs.concurrency.takes``)."""
     takes.of(broker_id).released((slot.message_id, slot.token) for slot in held)
-    for key in reply[1:]:
+    started, waited, refused = reply
+    for key in waited:
         note_waited(_text(key))
-    return int(reply[0])
+    _report_unusable(refused, "its slots are not freed and its parked jobs wait")
+    return int(started)
+
+
+# Key -> when (monotonic) its data of another type was last reported: a
+# worker releases and sweeps many times a second, the operator needs it once
+# a while.
+_reported: dict[str, float] = {}
+REPORT_EVERY_S = 60.0
+_REPORTED_MAX = 1_000
+
+
+def _report_unusable(refused: list[Any], consequence: str) -> None:
+    """Log each key a script could not use (pairs: key, reason), once a while."""
+    now = time.monotonic()
+    for key, reason in zip(refused[::2], refused[1::2], strict=True):
+        key = _text(key)
+        if now - _reported.get(key, float("-inf")) < REPORT_EVERY_S:
+            continue
+        if len(_reported) >= _REPORTED_MAX:
+            _reported.clear()
+        _reported[key] = now
+        logger.error(
+            "Concurrency key %r cannot be used: %s. Only this platform writes these keys: "
+            "delete or repair it (%s meanwhile).",
+            key,
+            _text(reason),
+            consequence,
+        )
 
 
 # Key -> until when (monotonic) this process counts it as having jobs that wait
@@ -701,7 +857,13 @@ def sweep(
         return int(cursor), 0
     live_tokens = ",".join(map(str, sorted(live)))
     args = [timeout_ms, broker_id, next_token, live_tokens, *keys]
-    return int(cursor), int(SWEEP(client, [namespace], args))
+    return int(cursor), _swept(SWEEP(client, [namespace], args))
+
+
+def _swept(reply: list[Any]) -> int:
+    """``SWEEP``'s reply: the number of parked jobs it started."""
+    _report_unusable(reply[1:], "dead holders' slots are not freed and its parked jobs wait")
+    return int(reply[0])
 
 
 def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | None]) -> int:
@@ -721,7 +883,7 @@ def rehandle(client: Any, namespace: str, limit_of: Callable[[str, str], int | N
     for start in range(0, len(changed), KEYS_PER_SWEEP):
         chunk = changed[start : start + KEYS_PER_SWEEP]
         client.hset(f"{namespace}:{LIMITS}", mapping={key: new_limits[key] for key in chunk})
-        started += int(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, "", 0, "", *chunk]))
+        started += _swept(SWEEP(client, [namespace], [HOLDER_TIMEOUT_UNKNOWN, "", 0, "", *chunk]))
     return started
 
 

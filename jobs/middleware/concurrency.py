@@ -100,6 +100,9 @@ class Concurrency(dramatiq.Middleware):
             fairness.forget(actor.actor_name)
             raise
 
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        keys.check_usable(message)  # (a job whose key's Redis data is of another type)
+
     def after_process_message(
         self,
         broker: Broker,
@@ -261,9 +264,9 @@ class Concurrency(dramatiq.Middleware):
                         self._closing()  # (with the check: nothing is added after)
                         return
                 continue
-            # In a pass of its own: a batch Redis keeps refusing (a key someone
-            # overwrote with another type) held off the sweep on every attempt,
-            # and with it every dead worker's slot and the jobs parked behind.
+            # In a pass of its own: a batch Redis keeps refusing held off the
+            # sweep on every attempt, and with it every dead worker's slot and
+            # the jobs parked behind.
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + SWEEP_INTERVAL
                 self._refused(self._sweep, broker, cursors)

@@ -126,7 +126,7 @@ def _job(key: str, limit: int) -> tuple[int, slots.Wanted]:
     client.sadd(f"{namespace}:__acks__.live.{QUEUE_R}", redis_id)
     client.zadd(f"{namespace}:__heartbeats__", {"live": int(time.time() * 1000)})
     wanted = slots.Wanted(key, limit, message_id, redis_id, "pack", "order:{order_id}")
-    [(outcome, _)] = slots.acquire(
+    [(outcome, *_)] = slots.acquire(
         client, namespace, [wanted], broker_id="live", queue_name=QUEUE_R, timeout_ms=60_000
     )
     return outcome, wanted

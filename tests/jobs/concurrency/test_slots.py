@@ -442,7 +442,7 @@ def test_a_release_frees_odd_keys_and_several_keys_at_once(broker: dramatiq.Brok
     outcomes = slots.acquire(
         client, namespace, wanted, broker_id="b", queue_name=QUEUE, timeout_ms=60_000
     )
-    assert [taken for taken, _ in outcomes] == [slots.TAKEN] * len(wanted)
+    assert [o.outcome for o in outcomes] == [slots.TAKEN] * len(wanted)
     assert all(slots.holders(client, namespace, key) for key in odd)
     held = [slots.Held(job.key, job.message_id, job.limit, job.redis_message_id) for job in wanted]
     slots.release(client, namespace, held, broker_id="b")

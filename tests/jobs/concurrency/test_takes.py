@@ -47,7 +47,7 @@ def test_a_job_asking_for_its_slot_waits_behind_an_earlier_take_of_its_delivery(
         slots.acquire, client, namespace, broker_id=rb.broker_id, queue_name=QUEUE, timeout_ms=60000
     )
     wanted = [slots.Wanted(key, 1, "M", "r1")]
-    [(outcome, _)] = ask(wanted, token=2)
+    [(outcome, *_)] = ask(wanted, token=2)
     assert outcome == slots.PARKED_NOW
     assert slots.holders(client, namespace, key) == {"M": earlier}
     # The pending release of take 1 goes: the slot is handed to the job.
@@ -66,7 +66,7 @@ def test_a_take_asking_again_keeps_its_own_slot(broker: dramatiq.Broker) -> None
     )
     wanted = [slots.Wanted("order:again", 1, "M", "r1")]
     for _ in range(2):
-        [(outcome, _)] = ask(wanted, token=5)
+        [(outcome, *_)] = ask(wanted, token=5)
         assert outcome == slots.TAKEN
     assert slots.holders(client, namespace, "order:again") == {"M": f"W:{rb.broker_id}:r1:5"}
 
