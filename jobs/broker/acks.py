@@ -298,11 +298,19 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 self.slots_taken[job.message_id] = job
                 taken.append(job.message_id)
             elif job.outcome == slots.UNUSABLE:
-                self.slots_taken[job.message_id] = job  # (fetched: to fail for good)
+                self._unusable(job)
             else:
                 self.parked_by_fetch += 1
                 self._parked(job.key, job.actor_name)
         return taken
+
+    def _unusable(self, job: slots.Decided) -> None:
+        """Note a job whose key could not be used, to fail for good when it
+        comes out of the cache; never over another decision on the same
+        message id: a twin copy of it, fetched before, took a slot (the
+        decisions are kept per message id), and that copy runs, while this
+        one gets its own decision from the consumer's ACQUIRE."""
+        self.slots_taken.setdefault(job.message_id, job)
 
     def _acquire_batch(
         self, message: dramatiq.MessageProxy, keyed: tuple[str, int]
@@ -357,7 +365,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
         parked = set()
         for job, data, outcome in zip(wanted[1:], cached, outcomes[1:], strict=True):
             if outcome.outcome in (slots.TAKEN, slots.UNUSABLE):  # (both stay in the cache)
-                self.slots_taken[job.message_id] = slots.Decided(
+                decided = slots.Decided(
                     job.message_id,
                     outcome.outcome,
                     outcome.waited,
@@ -367,6 +375,10 @@ class LedgerOrderedConsumer(_RedisConsumer):
                     by_fetch=False,
                     reason=outcome.reason,
                 )
+                if outcome.outcome == slots.TAKEN:
+                    self.slots_taken[job.message_id] = decided
+                else:
+                    self._unusable(decided)
             else:
                 parked.add(id(data))
                 if outcome[0] == slots.PARKED_NOW:

@@ -292,8 +292,8 @@ def check_usable(message: dramatiq.MessageProxy) -> None:
         return
     key, reason = refused
     raise ConcurrencyKeyUnusable(
-        f"Its concurrency key {key!r} cannot be used: {reason}. Only this platform writes "
-        "these keys: delete or repair it, then retry the job."
+        f"Its concurrency key {key!r} cannot be used: {reason.rstrip('.')}. Only this "
+        "platform writes these keys: delete or repair it, then retry the job."
     )
 
 

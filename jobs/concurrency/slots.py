@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import redis
+
 from jobs.broker.limits import CONCURRENCY_KEY
 from jobs.broker.scripts import LuaScript
 from jobs.concurrency import takes
@@ -64,14 +66,19 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
 # A key of another type than the one this code writes there (written by
-# hand, or by another application sharing the database): Redis refuses the
-# command, and a script that fails keeps what it wrote before (Redis has no
-# rollback). A job popped from its queue or its parked list would be lost half
-# way. ``misfit``: the first of its (key, type) pairs holding another type, as
-# the operator's error text, or nil; each key read once per call (only this
-# script writes meanwhile, and only the types it checks). ``refusal``: the text
-# of a failure caught with ``pcall``: that misfit among the keys given, or
-# Redis's own error.
+# hand, or by another application sharing the database), or a count that is
+# not a number: Redis refuses the command, and a script that fails keeps what
+# it wrote before (Redis has no rollback). A job popped from its queue or its
+# parked list would be lost half way. ``misfit``: the first of its (key, type)
+# pairs holding another type, as the operator's error text, or nil; each key
+# read once per call (only this script writes meanwhile, and only the types it
+# checks). ``count_parked``: the per-queue count of parked jobs moved by
+# ``by``, its new value; a value that is not a number raises, naming the key.
+# ``damage``: the text of a failure caught with ``pcall`` that is the key's
+# data (a misfit among the keys given, or Redis's or Lua's error), or nil for
+# a refusal of Redis's own (a read-only replica, a full Redis): that one
+# ``raise`` passes on as it came, for redis-py to tell it by its prefix.
+# (Redis refuses those at a script's first write, never after one.)
 _FITS = """
 local fits = {}
 local function misfit(...)
@@ -92,8 +99,30 @@ local function misfit(...)
     end
     return nil
 end
-local function refusal(err, ...)
-    return misfit(...) or (type(err) == "table" and err.err) or tostring(err)
+local function count_parked(ns, queue, by)
+    local counts = ns .. ":__parked_per_queue__"
+    local ok, n = pcall(redis.call, "hincrby", counts, queue, by)
+    if not ok then
+        error(counts .. " holds a count for queue " .. queue .. " that is not a number", 0)
+    end
+    return n
+end
+local REDIS_REFUSALS = {
+    OOM = true, READONLY = true, NOREPLICAS = true, MASTERDOWN = true, MISCONF = true,
+    BUSY = true, LOADING = true, TRYAGAIN = true, CLUSTERDOWN = true,
+}
+local function damage(err, ...)
+    local text = type(err) == "table" and err.err or tostring(err)
+    if REDIS_REFUSALS[string.match(text, "^(%u+) ") or ""] then
+        return nil
+    end
+    return misfit(...) or text
+end
+local function raise(err)
+    if type(err) ~= "table" then
+        err = {err = tostring(err)}
+    end
+    error(err, 0)
 end
 """
 
@@ -174,6 +203,12 @@ local function unpark(ns, key, limit, now)
                 ns .. ":__slot_keys__", "set", ns .. ":" .. queue, "list",
                 ns .. ":" .. queue .. ".wake", "list"
             )
+            -- The one write that may refuse on a value, first (``_FITS``).
+            local ok, left = true, 1
+            if queue and not bad then
+                ok, left = pcall(count_parked, ns, queue, -1)
+                bad = not ok and left
+            end
             if bad then
                 -- Back where it was, with those kept ahead of it: the job
                 -- waits until the key is repaired (each release and sweep of
@@ -190,7 +225,7 @@ local function unpark(ns, key, limit, now)
             if queue then
                 redis.call("zrem", ns .. ":__parked_since__." .. queue, message_id)
             end
-            if queue and redis.call("hincrby", ns .. ":__parked_per_queue__", queue, -1) <= 0 then
+            if queue and left <= 0 then
                 redis.call("hdel", ns .. ":__parked_per_queue__", queue)
             end
             if queue and redis.call("hexists", ns .. ":" .. queue .. ".msgs", redis_id) == 1 then
@@ -281,6 +316,11 @@ local function take(
             mine = redis.call("hget", slots, message_id)
         end
         if mine or taken >= limit then
+            -- (Asked first: a job maintenance handed back is another worker's
+            -- to run, whatever this one finds wrong with its key.)
+            if acks and redis.call("sismember", acks, redis_id) == 0 then
+                return 2, waited
+            end
             local parked, since = ns .. ":__parked__." .. key, ns .. ":__parked_since__." .. queue
             local bad = misfit(
                 parked, "list", ns .. ":__parked_per_queue__", "hash",
@@ -290,12 +330,12 @@ local function take(
             if bad then
                 error(bad, 0)
             end
-            if acks and redis.call("srem", acks, redis_id) == 0 then
-                return 2, waited
+            count_parked(ns, queue, 1)  -- (the one write that may refuse on a value: first)
+            if acks then
+                redis.call("srem", acks, redis_id)
             end
             local entry = queue .. "\\n" .. redis_id .. "\\n" .. message_id .. "\\n" .. now
             redis.call("rpush", parked, entry)
-            redis.call("hincrby", ns .. ":__parked_per_queue__", queue, 1)
             redis.call("hset", ns .. ":__parked_ids__", message_id, key)
             redis.call("zadd", since, now, message_id)
             redis.call("sadd", ns .. ":__parked_keys__", key)
@@ -333,9 +373,14 @@ for i = 5, #ARGV, 5 do
         ARGV[i + 4], timeout, now, acks, counted, token
     )
     if not ok then
-        outcome, waited = 3, refusal(
-            outcome, ns .. ":__slots__." .. ARGV[i], "hash", ns .. ":__slot_keys__", "set"
+        local reason = damage(
+            outcome, ns .. ":__slots__." .. ARGV[i], "hash", ns .. ":__slot_keys__", "set",
+            ns .. ":__contact_since__", "string", ns .. ":__heartbeats__", "zset"
         )
+        if not reason then
+            raise(outcome)  -- (before this call's first write: nothing taken)
+        end
+        outcome, waited = 3, reason
     end
     outcomes[#outcomes + 1] = outcome
     outcomes[#outcomes + 1] = waited
@@ -432,10 +477,14 @@ FETCH_PREFIX = (
                             redis_id, declaration[2], timeout, jobs_now, nil, counted, token
                         )
                         if not ok then  -- (handed out, to fail for good: never lost)
-                            outcome, waited = 3, refusal(
+                            -- (Any failure: a refusal of Redis's own comes
+                            -- at the first write, the LPOP, never after it.)
+                            local text = type(outcome) == "table" and outcome.err or outcome
+                            outcome, waited = 3, damage(
                                 outcome, ns .. ":__slots__." .. key, "hash",
-                                ns .. ":__slot_keys__", "set"
-                            )
+                                ns .. ":__slot_keys__", "set", ns .. ":__contact_since__",
+                                "string", ns .. ":__heartbeats__", "zset"
+                            ) or tostring(text)
                         end
                         if outcome == 1 and waited < 0 then
                             taken[n_taken + 1] = message_id
@@ -595,12 +644,16 @@ for _, group in ipairs(cjson.decode(ARGV[2])) do
     local ok, err = pcall(release, group)
     if not ok then
         local ns, key = KEYS[1], group[1]
-        refused[#refused + 1] = key
-        refused[#refused + 1] = refusal(
+        local reason = damage(
             err, ns .. ":__slots__." .. key, "hash", ns .. ":__parked_keys__", "set",
             ns .. ":__parked__." .. key, "list", ns .. ":__slot_keys__", "set",
             ns .. ":__slot_limits__", "hash"
         )
+        if not reason then
+            raise(err)  -- (at the first write: the batch is sent again)
+        end
+        refused[#refused + 1] = key
+        refused[#refused + 1] = reason
     end
 end
 return {started, waited, refused}
@@ -624,7 +677,7 @@ for token in string.gmatch(ARGV[4], "%d+") do
     live[token] = true
 end
 local function sweep(key)
-    local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", key) or "1")
+    local limit = tonumber(redis.call("hget", ns .. ":__slot_limits__", key) or "1") or 1
     prune(ns, ns .. ":__slots__." .. key, timeout, now, me, upto, live)
     started = started + unpark(ns, key, limit, now)
 end
@@ -632,12 +685,18 @@ local reply = {0}
 for i = 5, #ARGV do
     local ok, err = pcall(sweep, ARGV[i])
     if not ok then  -- (the other keys are swept: see RELEASE)
-        reply[#reply + 1] = ARGV[i]
-        reply[#reply + 1] = refusal(
-            err, ns .. ":__slots__." .. ARGV[i], "hash", ns .. ":__parked__." .. ARGV[i], "list",
+        local key = ARGV[i]
+        local reason = damage(
+            err, ns .. ":__slots__." .. key, "hash", ns .. ":__parked__." .. key, "list",
             ns .. ":__slot_limits__", "hash", ns .. ":__slot_keys__", "set",
-            ns .. ":__parked_keys__", "set"
+            ns .. ":__parked_keys__", "set", ns .. ":__contact_since__", "string",
+            ns .. ":__heartbeats__", "zset"
         )
+        if not reason then
+            raise(err)
+        end
+        reply[#reply + 1] = key
+        reply[#reply + 1] = reason
     end
 end
 reply[1] = started
@@ -784,9 +843,9 @@ def released(reply: list[Any], held: list[Held], *, broker_id: str) -> int:
     return int(started)
 
 
-# Key -> when (monotonic) its data of another type was last reported: a
-# worker releases and sweeps many times a second, the operator needs it once
-# a while.
+# Reason -> when (monotonic) it was last reported: a worker releases and
+# sweeps many times a second, the operator needs it once a while. By reason,
+# which names the Redis key: a damaged index refuses every key that uses it.
 _reported: dict[str, float] = {}
 REPORT_EVERY_S = 60.0
 _REPORTED_MAX = 1_000
@@ -796,17 +855,20 @@ def _report_unusable(refused: list[Any], consequence: str) -> None:
     """Log each key a script could not use (pairs: key, reason), once a while."""
     now = time.monotonic()
     for key, reason in zip(refused[::2], refused[1::2], strict=True):
-        key = _text(key)
-        if now - _reported.get(key, float("-inf")) < REPORT_EVERY_S:
+        text = _text(reason).rstrip(".")
+        if now - _reported.get(text, float("-inf")) < REPORT_EVERY_S:
             continue
         if len(_reported) >= _REPORTED_MAX:
-            _reported.clear()
-        _reported[key] = now
+            for old in [r for r, at in _reported.items() if now - at >= REPORT_EVERY_S]:
+                del _reported[old]
+            if len(_reported) >= _REPORTED_MAX:
+                continue  # (a thousand damaged keys a minute: enough said)
+        _reported[text] = now
         logger.error(
             "Concurrency key %r cannot be used: %s. Only this platform writes these keys: "
             "delete or repair it (%s meanwhile).",
-            key,
-            _text(reason),
+            _text(key),
+            text,
             consequence,
         )
 
@@ -852,7 +914,15 @@ def sweep(
     means the set was walked through."""
     # Read before the sweep: a take after this point has a token from ``next`` on.
     next_token, live = takes.of(broker_id).settled() if broker_id else (0, set())
-    cursor, keys = client.sscan(f"{namespace}:{among}", cursor, count=KEYS_PER_SWEEP)
+    try:
+        cursor, keys = client.sscan(f"{namespace}:{among}", cursor, count=KEYS_PER_SWEEP)
+    except redis.ResponseError as exc:
+        if not str(exc).startswith("WRONGTYPE"):
+            raise
+        # The index itself damaged (``_FITS``): the other one is swept still.
+        reason = f"{namespace}:{among} holds a {_text(client.type(f'{namespace}:{among}'))}"
+        _report_unusable(["*", f"{reason}, not a set"], "the keys it lists are not swept")
+        return 0, 0
     if not keys:
         return int(cursor), 0
     live_tokens = ",".join(map(str, sorted(live)))

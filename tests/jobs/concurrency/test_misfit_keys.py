@@ -12,6 +12,7 @@ import logging
 
 import dramatiq
 import pytest
+import redis
 
 from jobs.broker import redis_broker
 from jobs.concurrency import slots
@@ -122,3 +123,115 @@ def test_a_parked_job_is_kept_when_its_queues_index_is_another_type(
     client.delete(f"{ns}:__parked_since__.{QUEUE}")
     assert slots.sweep(client, ns, timeout_ms=60_000)[1] == 1
     assert client.llen(f"{ns}:{QUEUE}") == 1
+
+
+def test_a_read_only_redis_refuses_an_acquire_and_fails_no_job(broker: dramatiq.Broker) -> None:
+    # Only the key's own data makes a job fail for good. A refusal of Redis's
+    # own (a replica after a failover, a full Redis) raises as before: the
+    # consumer hands the job back to be fetched again.
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    client.sadd(f"{ns}:__acks__.{rb.broker_id}.{QUEUE}", "r1")
+    wanted = [slots.Wanted("tenant:ro", 2, "m1", "r1")]
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    try:
+        with pytest.raises(redis.ReadOnlyError):
+            slots.acquire(
+                client, ns, wanted, broker_id=rb.broker_id, queue_name=QUEUE, timeout_ms=60_000
+            )
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    assert slots.holders(client, ns, "tenant:ro") == {}
+
+
+def test_a_twin_that_cannot_park_fails_and_the_copy_holding_the_slot_runs_and_frees_it(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], sender: str
+) -> None:
+    # The same message sent twice: the first copy takes a slot, the second,
+    # which waits for it, finds the parked list damaged. Decisions are kept per
+    # message id: the second's overwrote the first's, both copies failed, and
+    # the first's slot stayed taken for the worker's lifetime.
+    rb = redis_broker()
+    rb.client.set(f"{rb.namespace}:__parked__.tenant:twin", "x")
+    message = report.message("twin", 0.0)
+    rb.enqueue(message)
+    rb.enqueue(message)
+    start_worker(workers, broker, threads=2)
+    join(QUEUE, timeout_ms=20_000)
+    wait_until(lambda: [key for key, _, _ in runs] == ["tenant:twin"])
+    assert rb.client.zcard(f"{rb.namespace}:{QUEUE}.XQ") == 1
+    wait_until(lambda: slots.holders(rb.client, rb.namespace, "tenant:twin") == {})
+
+
+def _full(ns: str, client: redis.Redis, key: str) -> None:
+    """``key`` full: two slots of a holder with no heartbeat, in a contact
+    period too young to judge it."""
+    client.set(f"{ns}:__contact_since__", 2**50)
+    client.hset(f"{ns}:__slots__.{key}", mapping={"a": "W:ghost:r1", "b": "W:ghost:r2"})
+
+
+def test_a_count_of_parked_jobs_that_is_not_a_number_parks_nothing_half_way(
+    broker: dramatiq.Broker,
+) -> None:
+    # The park wrote the job's entry, then failed on the count: the job was
+    # both handed out (to fail) and parked, and would have run a second time.
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    _full(ns, client, "tenant:n")
+    client.hset(f"{ns}:{slots.PER_QUEUE}", QUEUE, "oops")
+    report.send("n", 0.0)
+    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 2, "tenant:{tenant}")
+    [job] = slots.decided(reply.pop(), 1)
+    assert job.outcome == slots.UNUSABLE
+    assert f"{ns}:{slots.PER_QUEUE} holds a count for queue {QUEUE}" in job.reason
+    assert len(reply) == 1  # handed out, to fail for good
+    assert slots.parked(client, ns, "tenant:n") == []
+
+
+def test_an_unpark_keeps_the_job_when_the_count_of_parked_jobs_is_not_a_number(
+    broker: dramatiq.Broker,
+) -> None:
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    client.set(f"{ns}:__contact_since__", 2**50)
+    client.hset(f"{ns}:__slots__.tenant:c", mapping={"a": "W:b:r1:7", "b": "W:ghost:r2"})
+    report.send("c", 0.0)
+    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 2, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.PARKED_NOW]
+    client.hset(f"{ns}:{slots.PER_QUEUE}", QUEUE, "oops")
+    assert slots.release(client, ns, [slots.Held("tenant:c", "a", 2, "r1", 7)], broker_id="b") == 0
+    assert len(slots.parked(client, ns, "tenant:c")) == 1
+    assert client.hlen(f"{ns}:{slots.PARKED_IDS}") == 1
+
+
+def test_a_damaged_index_of_parked_keys_leaves_the_sweep_of_slot_keys_going(
+    broker: dramatiq.Broker,
+) -> None:
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    client.hset(f"{ns}:__slots__.dead", "m1", "W:ghost:r1:3")
+    client.sadd(f"{ns}:{slots.SLOT_KEYS}", "dead")
+    client.set(f"{ns}:{slots.PARKED_KEYS}", "x")
+    assert slots.sweep(client, ns, timeout_ms=1_000, among=slots.PARKED_KEYS) == (0, 0)
+    slots.sweep(client, ns, timeout_ms=1_000, among=slots.SLOT_KEYS)
+    assert slots.holders(client, ns, "dead") == {}
+
+
+def test_a_job_handed_back_meanwhile_is_not_failed_for_its_damaged_key(
+    broker: dramatiq.Broker,
+) -> None:
+    # Maintenance handed the job back (this worker judged dead): it is no
+    # longer this worker's, so whatever its key, another worker decides.
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    _full(ns, client, "tenant:h")
+    client.set(f"{ns}:__parked__.tenant:h", "x")
+    [outcome] = slots.acquire(
+        client,
+        ns,
+        [slots.Wanted("tenant:h", 2, "m1", "r-gone")],
+        broker_id=rb.broker_id,
+        queue_name=QUEUE,
+        timeout_ms=60_000,
+    )
+    assert outcome.outcome == slots.NOT_OURS
