@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,10 +76,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 # checks). ``count_parked``: the per-queue count of parked jobs moved by
 # ``by``, its new value; a value that is not a number raises, naming the key.
 # ``damage``: the text of a failure caught with ``pcall`` that is the key's
-# data (a misfit among the keys given, or Redis's or Lua's error), or nil for
-# a refusal of Redis's own (a read-only replica, a full Redis): that one
-# ``raise`` passes on as it came, for redis-py to tell it by its prefix.
-# (Redis refuses those at a script's first write, never after one.)
+# data (a misfit among the keys given, or the error, naming the first key), or
+# nil for a refusal of Redis's own (``refused_by_redis``: a read-only replica,
+# a full Redis), which ``raise`` passes on as it came, for redis-py to tell it
+# by its prefix. (Redis refuses those at a script's first write, never after.)
 _FITS = """
 local fits = {}
 local function misfit(...)
@@ -99,30 +100,42 @@ local function misfit(...)
     end
     return nil
 end
-local function count_parked(ns, queue, by)
-    local counts = ns .. ":__parked_per_queue__"
-    local ok, n = pcall(redis.call, "hincrby", counts, queue, by)
-    if not ok then
-        error(counts .. " holds a count for queue " .. queue .. " that is not a number", 0)
-    end
-    return n
-end
 local REDIS_REFUSALS = {
     OOM = true, READONLY = true, NOREPLICAS = true, MASTERDOWN = true, MISCONF = true,
     BUSY = true, LOADING = true, TRYAGAIN = true, CLUSTERDOWN = true,
 }
-local function damage(err, ...)
-    local text = type(err) == "table" and err.err or tostring(err)
-    if REDIS_REFUSALS[string.match(text, "^(%u+) ") or ""] then
-        return nil
-    end
-    return misfit(...) or text
+local function text_of(err)
+    return type(err) == "table" and err.err or tostring(err)
+end
+local function refused_by_redis(err)
+    return REDIS_REFUSALS[string.match(text_of(err), "^(%u+) ") or ""] ~= nil
 end
 local function raise(err)
     if type(err) ~= "table" then
         err = {err = tostring(err)}
     end
     error(err, 0)
+end
+local function count_parked(ns, queue, by)
+    local counts = ns .. ":__parked_per_queue__"
+    local ok, n = pcall(redis.call, "hincrby", counts, queue, by)
+    if not ok then
+        if refused_by_redis(n) then
+            raise(n)
+        end
+        error(counts .. " holds a count for queue " .. queue .. " that is not a number", 0)
+    end
+    return n
+end
+local function damage(err, key, ...)
+    if refused_by_redis(err) then
+        return nil
+    end
+    local text = text_of(err)
+    if string.find(text, " holds a", 1, true) then
+        return text
+    end
+    return misfit(key, ...) or ("a command on " .. key .. " failed: " .. text)
 end
 """
 
@@ -145,7 +158,10 @@ local function prune(ns, slots, timeout, now, me, upto, live)
     for i = 1, #entries, 2 do
         local kind, value = string.sub(entries[i + 1], 1, 1), string.sub(entries[i + 1], 3)
         if kind == "R" then
-            if now - tonumber(string.match(value, "^%d+")) >= timeout then
+            -- (A reservation without its time, which this code never writes,
+            -- is freed: it would hold a slot for ever.)
+            local at = tonumber(string.match(value, "^%d+") or "")
+            if not at or now - at >= timeout then
                 redis.call("hdel", slots, entries[i])
             end
         else
@@ -306,7 +322,8 @@ local function take(
     local own = mine and (string.sub(mine, 1, 1) == "R" or (acks and mine == holder))
     if own then
         if string.sub(mine, 1, 1) == "R" then
-            waited = now - tonumber(string.match(mine, "(%d+)$"))
+            local at = tonumber(string.match(mine, "(%d+)$") or "")
+            waited = at and now - at or -1
         end
     else
         if taken >= limit then
@@ -839,7 +856,7 @@ def released(reply: list[Any], held: list[Held], *, broker_id: str) -> int:
     started, waited, refused = reply
     for key in waited:
         note_waited(_text(key))
-    _report_unusable(refused, "its slots are not freed and its parked jobs wait")
+    _report_unusable(refused, "its slots may stay taken and its parked jobs wait")
     return int(started)
 
 
@@ -847,6 +864,7 @@ def released(reply: list[Any], held: list[Held], *, broker_id: str) -> int:
 # sweeps many times a second, the operator needs it once a while. By reason,
 # which names the Redis key: a damaged index refuses every key that uses it.
 _reported: dict[str, float] = {}
+_reported_lock = threading.Lock()  # (the job-slots thread and the acks' thread report)
 REPORT_EVERY_S = 60.0
 _REPORTED_MAX = 1_000
 
@@ -856,14 +874,15 @@ def _report_unusable(refused: list[Any], consequence: str) -> None:
     now = time.monotonic()
     for key, reason in zip(refused[::2], refused[1::2], strict=True):
         text = _text(reason).rstrip(".")
-        if now - _reported.get(text, float("-inf")) < REPORT_EVERY_S:
-            continue
-        if len(_reported) >= _REPORTED_MAX:
-            for old in [r for r, at in _reported.items() if now - at >= REPORT_EVERY_S]:
-                del _reported[old]
+        with _reported_lock:
+            if now - _reported.get(text, float("-inf")) < REPORT_EVERY_S:
+                continue
             if len(_reported) >= _REPORTED_MAX:
-                continue  # (a thousand damaged keys a minute: enough said)
-        _reported[text] = now
+                for old in [r for r, at in _reported.items() if now - at >= REPORT_EVERY_S]:
+                    del _reported[old]
+                if len(_reported) >= _REPORTED_MAX:
+                    continue  # (a thousand damaged keys a minute: enough said)
+            _reported[text] = now
         logger.error(
             "Concurrency key %r cannot be used: %s. Only this platform writes these keys: "
             "delete or repair it (%s meanwhile).",

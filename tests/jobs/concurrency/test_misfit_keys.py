@@ -125,23 +125,61 @@ def test_a_parked_job_is_kept_when_its_queues_index_is_another_type(
     assert client.llen(f"{ns}:{QUEUE}") == 1
 
 
-def test_a_read_only_redis_refuses_an_acquire_and_fails_no_job(broker: dramatiq.Broker) -> None:
+def _full(ns: str, client: redis.Redis, key: str) -> None:
+    """``key`` full: two slots of a holder with no heartbeat, in a contact
+    period too young to judge it."""
+    client.set(f"{ns}:__contact_since__", 2**50)
+    client.hset(f"{ns}:__slots__.{key}", mapping={"a": "W:ghost:r1", "b": "W:ghost:r2"})
+
+
+@pytest.mark.parametrize("refusal", ["read-only", "out-of-memory"])
+@pytest.mark.parametrize("room", ["free", "full"])
+def test_a_redis_refusing_writes_refuses_an_acquire_and_fails_no_job(
+    broker: dramatiq.Broker, refusal: str, room: str
+) -> None:
     # Only the key's own data makes a job fail for good. A refusal of Redis's
     # own (a replica after a failover, a full Redis) raises as before: the
-    # consumer hands the job back to be fetched again.
+    # consumer hands the job back to be fetched again. Whether the job would
+    # take a slot or park (the park's first write is the count of parked jobs).
     rb = redis_broker()
     client, ns = rb.client, rb.namespace
+    if room == "full":
+        _full(ns, client, "tenant:ro")
     client.sadd(f"{ns}:__acks__.{rb.broker_id}.{QUEUE}", "r1")
+    before = slots.holders(client, ns, "tenant:ro")
     wanted = [slots.Wanted("tenant:ro", 2, "m1", "r1")]
-    client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    policy = str(client.config_get("maxmemory-policy")["maxmemory-policy"])
+    if refusal == "read-only":
+        client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    else:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", 1)
     try:
-        with pytest.raises(redis.ReadOnlyError):
+        with pytest.raises((redis.ReadOnlyError, redis.exceptions.OutOfMemoryError)):
             slots.acquire(
                 client, ns, wanted, broker_id=rb.broker_id, queue_name=QUEUE, timeout_ms=60_000
             )
     finally:
         client.execute_command("REPLICAOF", "NO", "ONE")
-    assert slots.holders(client, ns, "tenant:ro") == {}
+        client.config_set("maxmemory", 0)
+        client.config_set("maxmemory-policy", policy)
+    assert slots.holders(client, ns, "tenant:ro") == before
+    assert slots.parked(client, ns, "tenant:ro") == []
+
+
+def test_a_reservation_without_its_time_is_freed_not_taken_for_damage(
+    broker: dramatiq.Broker,
+) -> None:
+    # A reservation this code never writes ("R:" and no time) in a full key:
+    # the prune failed on it (Lua arithmetic on nil), and every job of the key
+    # failed for good. It is freed as an expired one would be.
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    client.hset(f"{ns}:__slots__.tenant:j", mapping={"x": "R:1:rx:0", "z": "R:junk"})
+    report.send("j", 0.0)
+    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 2, "tenant:{tenant}")
+    assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.TAKEN]
+    assert "z" not in slots.holders(client, ns, "tenant:j")
 
 
 def test_a_twin_that_cannot_park_fails_and_the_copy_holding_the_slot_runs_and_frees_it(
@@ -161,13 +199,6 @@ def test_a_twin_that_cannot_park_fails_and_the_copy_holding_the_slot_runs_and_fr
     wait_until(lambda: [key for key, _, _ in runs] == ["tenant:twin"])
     assert rb.client.zcard(f"{rb.namespace}:{QUEUE}.XQ") == 1
     wait_until(lambda: slots.holders(rb.client, rb.namespace, "tenant:twin") == {})
-
-
-def _full(ns: str, client: redis.Redis, key: str) -> None:
-    """``key`` full: two slots of a holder with no heartbeat, in a contact
-    period too young to judge it."""
-    client.set(f"{ns}:__contact_since__", 2**50)
-    client.hset(f"{ns}:__slots__.{key}", mapping={"a": "W:ghost:r1", "b": "W:ghost:r2"})
 
 
 def test_a_count_of_parked_jobs_that_is_not_a_number_parks_nothing_half_way(
