@@ -645,7 +645,11 @@ class HeldAcks:
                 self.client.script_load(_ACK_MANY.source)
                 self.client.script_load(slots.RELEASE.source)
                 self._dispatch_all(held)
-        except UNREACHABLE as exc:
+        except (*UNREACHABLE, redis.ReadOnlyError) as exc:
+            # Read-only: a Redis made a replica under a worker that reaches it
+            # directly (Sentinel's clients turn that into a lost connection).
+            # Dropped, the acks left their jobs in this worker's ack set, to
+            # run again once it stopped. Sent again, they change nothing twice.
             now = time.monotonic()
             if now - HeldAcks._last_warning > _WARN_EVERY:
                 HeldAcks._last_warning = now

@@ -121,3 +121,23 @@ def test_acks_reach_a_redis_that_lost_its_scripts(broker):
     assert broker.send_held_acks([(consumer, m, "ack") for m in messages]) == []
     assert broker.client.hlen(f"{broker.namespace}:{QUEUE_B}.msgs") == 0
     consumer.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_acks_a_read_only_redis_refuses_are_sent_again_not_dropped(broker):
+    # Given fetched messages, and their Redis made a replica (a failover seen
+    # through a plain URL): every write is refused with READONLY
+    for number in range(3):
+        in_b.send(number)
+    consumer, messages = _fetched(broker, QUEUE_B, 3)
+    held = [(consumer, m, "ack") for m in messages]
+    broker.client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    try:
+        # When their acks are sent, they come back to be sent again (they raised)
+        assert broker.send_held_acks(held) == held
+    finally:
+        broker.client.execute_command("REPLICAOF", "NO", "ONE")
+    # Then, once it takes writes again, they go and every payload is gone
+    assert broker.send_held_acks(held) == []
+    assert broker.client.hlen(f"{broker.namespace}:{QUEUE_B}.msgs") == 0
+    consumer.close()
