@@ -16,7 +16,7 @@ from dramatiq.errors import DecodeError
 
 from jobs.broker import redis_broker
 from jobs.concurrency import fairness
-from jobs.concurrency.slots import PARKED_SINCE
+from jobs.concurrency.slots import PARKED_SINCE, report_damage
 from jobs.concurrency.slots import PER_QUEUE as PARKED_PER_QUEUE
 
 CONTROL_PREFIX = "jobs:control"
@@ -43,6 +43,29 @@ def queue_names() -> list[str]:
     return sorted(q for q in broker.get_declared_queues() if not q.endswith((".DQ", ".XQ")))
 
 
+def _count(value: Any, what: str) -> int:
+    """A count the platform keeps (0 when none, or when damaged: reported)."""
+    if isinstance(value, Exception) or not _is_integer(value):
+        report_damage(f"{what} holds {value!r}, not a count", "it is read as 0")
+        return 0
+    return max(0, int(value or 0))
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        int(value or 0)
+    except ValueError:
+        return False
+    return True
+
+
+def _first(value: Any, what: str) -> Any:
+    if isinstance(value, Exception):
+        report_damage(f"{what} cannot be read ({value})", "its jobs' age is not shown")
+        return []
+    return value
+
+
 def queue_stats(queue_name: str) -> QueueStats:
     broker = redis_broker()
     base = f"{broker.namespace}:{queue_name}"
@@ -58,10 +81,26 @@ def queue_stats(queue_name: str) -> QueueStats:
     pipe.hget(fairness.counts_key(broker.namespace, queue_name), "jobs")
     pipe.zrange(fairness.heads_key(broker.namespace, queue_name), 0, 0, withscores=True)
     pipe.zrange(f"{broker.namespace}:{PARKED_SINCE}{queue_name}", 0, 0, withscores=True)
-    results = pipe.execute()
-    waiting, delayed, dead, oldest_id, paused, parked, fair, first_fair, first_parked = results
-    parked = max(0, int(parked or 0))
-    waiting += max(0, int(fair or 0))
+    results = pipe.execute(raise_on_error=False)
+    for result in results[:5]:  # (Dramatiq's keys and the pause set: raised as ever)
+        if isinstance(result, Exception):
+            raise result
+    waiting, delayed, dead, oldest_id, paused = results[:5]
+    # The platform's own counts and indexes: one written over by hand reads as
+    # none, reported, so the console, the metrics and the watchdog go on.
+    parked = _count(results[5], f"{broker.namespace}:{PARKED_PER_QUEUE} {queue_name!r}")
+    waiting += _count(results[6], fairness.counts_key(broker.namespace, queue_name))
+    first_fair, first_parked = (
+        _first(result, what)
+        for result, what in zip(
+            results[7:],
+            (
+                fairness.heads_key(broker.namespace, queue_name),
+                f"{broker.namespace}:{PARKED_SINCE}{queue_name}",
+            ),
+            strict=True,
+        )
+    )
     age = None
     if oldest_id is not None:
         raw = broker.client.hget(f"{base}.msgs", oldest_id)

@@ -871,25 +871,29 @@ _REPORTED_MAX = 1_000
 
 def _report_unusable(refused: list[Any], consequence: str) -> None:
     """Log each key a script could not use (pairs: key, reason), once a while."""
-    now = time.monotonic()
     for key, reason in zip(refused[::2], refused[1::2], strict=True):
-        text = _text(reason).rstrip(".")
-        with _reported_lock:
-            if now - _reported.get(text, float("-inf")) < REPORT_EVERY_S:
-                continue
+        what = f"Concurrency key {_text(key)!r} cannot be used: {_text(reason)}"
+        report_damage(what, consequence)
+
+
+def report_damage(what: str, consequence: str) -> None:
+    """Log at ERROR that the platform's data in Redis is damaged (``what``),
+    once a minute for the same text."""
+    text, now = what.rstrip("."), time.monotonic()
+    with _reported_lock:
+        if now - _reported.get(text, float("-inf")) < REPORT_EVERY_S:
+            return
+        if len(_reported) >= _REPORTED_MAX:
+            for old in [r for r, at in _reported.items() if now - at >= REPORT_EVERY_S]:
+                del _reported[old]
             if len(_reported) >= _REPORTED_MAX:
-                for old in [r for r, at in _reported.items() if now - at >= REPORT_EVERY_S]:
-                    del _reported[old]
-                if len(_reported) >= _REPORTED_MAX:
-                    continue  # (a thousand damaged keys a minute: enough said)
-            _reported[text] = now
-        logger.error(
-            "Concurrency key %r cannot be used: %s. Only this platform writes these keys: "
-            "delete or repair it (%s meanwhile).",
-            _text(key),
-            text,
-            consequence,
-        )
+                return  # (a thousand damaged keys a minute: enough said)
+        _reported[text] = now
+    logger.error(
+        "%s. Only this platform writes these keys: delete or repair it (%s meanwhile).",
+        text,
+        consequence,
+    )
 
 
 # Key -> until when (monotonic) this process counts it as having jobs that wait
@@ -939,8 +943,8 @@ def sweep(
         if not str(exc).startswith("WRONGTYPE"):
             raise
         # The index itself damaged (``_FITS``): the other one is swept still.
-        reason = f"{namespace}:{among} holds a {_text(client.type(f'{namespace}:{among}'))}"
-        _report_unusable(["*", f"{reason}, not a set"], "the keys it lists are not swept")
+        found = _text(client.type(f"{namespace}:{among}"))
+        report_damage(f"{namespace}:{among} holds a {found}, not a set", "its keys are not swept")
         return 0, 0
     if not keys:
         return int(cursor), 0
@@ -994,17 +998,31 @@ def waiting_for(client: Any, namespace: str, message_ids: list[str]) -> dict[str
     """The key each of ``message_ids`` is parked on, for those parked now."""
     if not message_ids:
         return {}
-    found = client.hmget(f"{namespace}:{PARKED_IDS}", message_ids)
+    try:
+        found = client.hmget(f"{namespace}:{PARKED_IDS}", message_ids)
+    except redis.ResponseError as exc:  # (damaged: ``_damaged``)
+        _damaged(exc, "jobs are not shown waiting for their keys")
+        return {}
     return {mid: _text(key) for mid, key in zip(message_ids, found, strict=True) if key is not None}
 
 
 def waiting(client: Any, namespace: str) -> dict[str, int]:
-    """Parked jobs per key."""
-    keys = [_text(key) for key in client.smembers(f"{namespace}:{PARKED_KEYS}")]
+    """Parked jobs per key (a key whose list is damaged left out, ``_damaged``)."""
+    try:
+        keys = [_text(key) for key in client.smembers(f"{namespace}:{PARKED_KEYS}")]
+    except redis.ResponseError as exc:
+        _damaged(exc, "no key is shown with jobs waiting")
+        return {}
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.llen(f"{namespace}:{PARKED}{key}")
-    return {key: int(count) for key, count in zip(keys, pipe.execute(), strict=True) if count}
+    counts = {}
+    for key, count in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(count, Exception):
+            _damaged(count, f"key {key!r} is not shown with its waiting jobs")
+        elif count:
+            counts[key] = int(count)
+    return counts
 
 
 @dataclass(frozen=True)
@@ -1021,8 +1039,20 @@ def busiest(client: Any, namespace: str, top: int = 10) -> list[KeyLoad]:
     pipe = client.pipeline(transaction=False)
     for key, _ in most:
         pipe.hlen(f"{namespace}:{SLOTS}{key}")
-    running = pipe.execute()
-    return [KeyLoad(key, count, int(n)) for (key, count), n in zip(most, running, strict=True)]
+    running = pipe.execute(raise_on_error=False)
+    return [
+        KeyLoad(key, count, 0 if isinstance(n, Exception) else int(n))
+        for (key, count), n in zip(most, running, strict=True)
+    ]
+
+
+def _damaged(exc: Exception, consequence: str) -> None:
+    """A read of the platform's keys Redis refused for their type (WRONGTYPE:
+    damaged, ``_FITS``): reported, for the console to show what it can. Any
+    other refusal is raised."""
+    if not str(exc).startswith("WRONGTYPE"):
+        raise exc
+    report_damage(f"A concurrency key's data in Redis is damaged ({exc})", consequence)
 
 
 def _text(value: str | bytes) -> str:

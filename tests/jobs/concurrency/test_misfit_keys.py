@@ -13,8 +13,10 @@ import logging
 import dramatiq
 import pytest
 import redis
+from django.contrib.auth.models import User
+from django.test import Client
 
-from jobs.broker import redis_broker
+from jobs.broker import queues, redis_broker
 from jobs.concurrency import slots
 from jobs.ledger import states
 from jobs.models import Job
@@ -266,3 +268,31 @@ def test_a_job_handed_back_meanwhile_is_not_failed_for_its_damaged_key(
         timeout_ms=60_000,
     )
     assert outcome.outcome == slots.NOT_OURS
+
+
+def test_the_console_and_the_queue_figures_read_damaged_concurrency_data_as_none(
+    broker: dramatiq.Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The dashboard, the job list, the metrics and the watchdog read the
+    # platform's parked counts and indexes. Written over by hand, they made
+    # each of them fail (a 500, a traceback): they now read as none, reported.
+    rb = redis_broker()
+    client, ns = rb.client, rb.namespace
+    message = report.send("w", 0.0)
+    Job.objects.update_or_create(
+        message_id=message.message_id,
+        defaults={"actor_name": report.actor_name, "queue_name": QUEUE, "state": states.ENQUEUED},
+    )
+    client.set(f"{ns}:{slots.PARKED_KEYS}", "x")
+    client.set(f"{ns}:{slots.PARKED_IDS}", "x")
+    client.hset(f"{ns}:{slots.PER_QUEUE}", QUEUE, "oops")
+    client.set(f"{ns}:{slots.PARKED_SINCE}{QUEUE}", "x")
+    with caplog.at_level(logging.ERROR, logger="jobs.concurrency.slots"):
+        stats = queues.queue_stats(QUEUE)
+    assert (stats.waiting, stats.parked) == (1, 0)
+    assert f"{ns}:{slots.PER_QUEUE} '{QUEUE}' holds b'oops', not a count" in caplog.text
+    User.objects.create_superuser("root", "root@example.com", "pw")
+    console = Client()
+    console.login(username="root", password="pw")
+    for page in ("/admin/jobs/job/dashboard/", "/admin/jobs/job/?state__exact=enqueued"):
+        assert console.get(page).status_code == 200, page
