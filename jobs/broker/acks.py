@@ -143,6 +143,12 @@ HeldAck = tuple["LedgerOrderedConsumer", dramatiq.MessageProxy, str]
 # The consumer turns both into Dramatiq's ConnectionClosed: any other exception
 # takes Dramatiq's generic branch, whose close() lets it end the consumer thread.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# Redis answering but taking no writes for now: a replica (a failover seen
+# through a plain URL; Sentinel's clients turn it into a lost connection), or
+# full (maxmemory with noeviction). An ack, a nack or a give-back it refuses is
+# sent again, as for an unreachable Redis: dropped, its job stayed in this
+# worker's ack set, to run a second time once the worker stopped.
+REFUSING_WRITES = (redis.ReadOnlyError, redis.exceptions.OutOfMemoryError)
 
 
 # Messages whose held ack the consumer does not count against its prefetch. The
@@ -538,7 +544,11 @@ class LedgerOrderedConsumer(_RedisConsumer):
         if self._held(message, command):
             return
         if command == "ack":
-            super().ack(message)  # type: ignore[no-untyped-call]
+            try:
+                super().ack(message)  # type: ignore[no-untyped-call]
+            except REFUSING_WRITES as exc:
+                # (Dramatiq's post_process_message sends it again until it goes.)
+                raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
             return
         # (On a connection error, ConnectionClosed: Dramatiq's
         # post_process_message tries again until Redis answers.)
@@ -548,7 +558,7 @@ class LedgerOrderedConsumer(_RedisConsumer):
                 _give_back_keys(self.broker.namespace, message),
                 _give_back_args(self.broker, self.queue_name, message),
             )
-        except UNREACHABLE as exc:
+        except (*UNREACHABLE, *REFUSING_WRITES) as exc:
             raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         if self.broker.instant_wakeup:
             with contextlib.suppress(redis.RedisError):
@@ -560,6 +570,8 @@ class LedgerOrderedConsumer(_RedisConsumer):
         try:
             if not self._held(message, "nack"):
                 super().nack(message)  # type: ignore[no-untyped-call]
+        except REFUSING_WRITES as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
         finally:
             self.made_room()
 
@@ -645,11 +657,9 @@ class HeldAcks:
                 self.client.script_load(_ACK_MANY.source)
                 self.client.script_load(slots.RELEASE.source)
                 self._dispatch_all(held)
-        except (*UNREACHABLE, redis.ReadOnlyError) as exc:
-            # Read-only: a Redis made a replica under a worker that reaches it
-            # directly (Sentinel's clients turn that into a lost connection).
-            # Dropped, the acks left their jobs in this worker's ack set, to
-            # run again once it stopped. Sent again, they change nothing twice.
+        except (*UNREACHABLE, *REFUSING_WRITES) as exc:
+            # (Returned, they go again with the writer's next batch: a
+            # warning every _WARN_EVERY rather than a traceback each time.)
             now = time.monotonic()
             if now - HeldAcks._last_warning > _WARN_EVERY:
                 HeldAcks._last_warning = now

@@ -141,3 +141,27 @@ def test_acks_a_read_only_redis_refuses_are_sent_again_not_dropped(broker):
     assert broker.send_held_acks(held) == []
     assert broker.client.hlen(f"{broker.namespace}:{QUEUE_B}.msgs") == 0
     consumer.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("command", ["ack", "nack"])
+def test_an_ack_or_nack_a_read_only_redis_refuses_is_retried_not_dropped(broker, command):
+    # An ack the ledger does not hold (its job's events already written) goes
+    # to Redis at once, from the worker thread. Refused with READONLY, it was
+    # an unhandled error to Dramatiq, which dropped it: the job stayed in this
+    # worker's ack set, to run again once the worker stopped. As a lost
+    # connection, Dramatiq's post_process_message sends it again.
+    in_b.send(1)
+    consumer, [message] = _fetched(broker, QUEUE_B, 1)
+    send = consumer.ack if command == "ack" else consumer.nack
+    broker.client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    try:
+        with pytest.raises(dramatiq.errors.ConnectionClosed):
+            send(message)
+    finally:
+        broker.client.execute_command("REPLICAOF", "NO", "ONE")
+    send(message)
+    assert broker.client.hlen(f"{broker.namespace}:{QUEUE_B}.msgs") == 0
+    assert broker.client.zcard(f"{broker.namespace}:{QUEUE_B}.XQ") == (command == "nack")
+    assert not broker.client.smembers(f"{broker.namespace}:__acks__.{broker.broker_id}.{QUEUE_B}")
+    consumer.close()
