@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 SWEEP_INTERVAL = 1.0
 # Seconds between attempts while Redis refuses the pending releases.
 RETRY_INTERVAL = 0.2
+# Seconds between two warnings that Redis refused to free slots.
+WARN_EVERY = 10.0
 # Releases per script call: a script blocks Redis while it runs.
 RELEASES_PER_CALL = 500
 # Seconds the thread lets releases gather after the first: one round trip per
@@ -79,6 +81,7 @@ class Concurrency(dramatiq.Middleware):
         self._accepting = False
         self._last_ride = 0.0  # (monotonic) when the acks last came for releases
         self._pending_since: float | None = None  # (monotonic) the oldest pending release's
+        self._last_warning = float("-inf")  # (monotonic) of "Slots not freed yet"
         # Workers of this broker running in this process (tests run several
         # in one process): the thread serves them all, and ends with the last.
         self._workers: set[int] = set()
@@ -280,7 +283,12 @@ class Concurrency(dramatiq.Middleware):
         try:
             step(*args)
         except redis.RedisError as exc:
-            logger.warning("Slots not freed yet, trying again: %s", exc)
+            # Once in WARN_EVERY: the thread tries again every RETRY_INTERVAL,
+            # five lines a second through a failover's read-only minute.
+            now = time.monotonic()
+            if now - self._last_warning >= WARN_EVERY:
+                self._last_warning = now
+                logger.warning("Slots not freed yet, trying again: %s", exc)
             return True
         except Exception:
             logger.exception("Slot release failed")

@@ -4,6 +4,7 @@ releases, and the job-slots thread leaves them to it while it goes often."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -327,3 +328,28 @@ def test_a_release_that_fails_outside_redis_does_not_strand_the_rest_at_shutdown
         carrier._pending_since = time.monotonic()
     carrier.after_worker_shutdown(broker, workers[0])
     assert not slots.holders(b.client, b.namespace, "order:behind")
+
+
+def test_releases_a_read_only_redis_refuses_are_reported_once_not_every_attempt(
+    broker: dramatiq.Broker, workers: list[dramatiq.Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A failover's read-only Redis refuses every release for as long as it
+    # lasts; the thread tries again every 0.2 s. It logged each attempt.
+    _idle_worker(broker, workers)
+    b, carrier = redis_broker(), _carrier(broker)
+    carrier._last_warning = float("-inf")  # (the middleware outlives tests that warned)
+    held = _take_slot("order:ro", "ro")
+    b.client.execute_command("REPLICAOF", "127.0.0.1", "1")  # (a master that never answers)
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobs.middleware.concurrency"):
+            with carrier._lock:
+                carrier._pending.append(held)
+                carrier._pending_since = time.monotonic()
+            carrier._urgent.set()
+            carrier._wake.set()
+            time.sleep(1.5)  # (several attempts, 0.2 s apart)
+    finally:
+        b.client.execute_command("REPLICAOF", "NO", "ONE")
+    assert caplog.text.count("Slots not freed yet") == 1
+    # And the release goes once Redis takes writes again.
+    wait_until(lambda: not slots.holders(b.client, b.namespace, "order:ro"), timeout=5.0)
