@@ -104,29 +104,6 @@ def test_a_sweep_frees_dead_holders_slots_past_a_key_of_another_type(
     assert slots.holders(client, ns, "dead") == {}
 
 
-def test_a_parked_job_is_kept_when_its_queues_index_is_another_type(
-    broker: dramatiq.Broker,
-) -> None:
-    # A freed slot hands itself to the parked job: the script pops the entry
-    # and then writes the index of parked jobs of its queue. With that index
-    # a string, the job was popped and lost; it now waits where it was.
-    rb = redis_broker()
-    client, ns = rb.client, rb.namespace
-    client.set(f"{ns}:__contact_since__", 2**50)
-    client.hset(f"{ns}:__slots__.tenant:w", mapping={"a": "W:b:r1:7", "b": "W:ghost:r2"})
-    report.send("w", 0.0)
-    reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 2, "tenant:{tenant}")
-    assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.PARKED_NOW]
-    client.set(f"{ns}:__parked_since__.{QUEUE}", "x")
-    assert slots.release(client, ns, [slots.Held("tenant:w", "a", 2, "r1", 7)], broker_id="b") == 0
-    assert len(slots.parked(client, ns, "tenant:w")) == 1
-    assert client.llen(f"{ns}:{QUEUE}") == 0
-    # Once the index is repaired, the next release or sweep starts it.
-    client.delete(f"{ns}:__parked_since__.{QUEUE}")
-    assert slots.sweep(client, ns, timeout_ms=60_000)[1] == 1
-    assert client.llen(f"{ns}:{QUEUE}") == 1
-
-
 def _full(ns: str, client: redis.Redis, key: str) -> None:
     """``key`` full: two slots of a holder with no heartbeat, in a contact
     period too young to judge it."""
@@ -221,20 +198,34 @@ def test_a_count_of_parked_jobs_that_is_not_a_number_parks_nothing_half_way(
     assert slots.parked(client, ns, "tenant:n") == []
 
 
-def test_an_unpark_keeps_the_job_when_the_count_of_parked_jobs_is_not_a_number(
-    broker: dramatiq.Broker,
+@pytest.mark.parametrize("damage", ["an index of another type", "a count that is no number"])
+def test_an_unpark_keeps_the_job_when_a_key_it_writes_is_damaged(
+    broker: dramatiq.Broker, damage: str
 ) -> None:
+    # A freed slot hands itself to the parked job: the script pops the entry,
+    # then writes the indexes of parked jobs. With one damaged, the job was
+    # popped and lost; it now waits where it was, until the key is repaired.
     rb = redis_broker()
     client, ns = rb.client, rb.namespace
     client.set(f"{ns}:__contact_since__", 2**50)
-    client.hset(f"{ns}:__slots__.tenant:c", mapping={"a": "W:b:r1:7", "b": "W:ghost:r2"})
-    report.send("c", 0.0)
+    client.hset(f"{ns}:__slots__.tenant:w", mapping={"a": "W:b:r1:7", "b": "W:ghost:r2"})
+    report.send("w", 0.0)
     reply = rb.do_fetch(QUEUE, 1, "slots", 1, report.actor_name, 2, "tenant:{tenant}")
     assert [job.outcome for job in slots.decided(reply.pop(), 1)] == [slots.PARKED_NOW]
-    client.hset(f"{ns}:{slots.PER_QUEUE}", QUEUE, "oops")
-    assert slots.release(client, ns, [slots.Held("tenant:c", "a", 2, "r1", 7)], broker_id="b") == 0
-    assert len(slots.parked(client, ns, "tenant:c")) == 1
+    if damage == "an index of another type":
+        damaged = f"{ns}:__parked_since__.{QUEUE}"
+        client.set(damaged, "x")
+    else:
+        damaged = f"{ns}:{slots.PER_QUEUE}"
+        client.hset(damaged, QUEUE, "oops")
+    assert slots.release(client, ns, [slots.Held("tenant:w", "a", 2, "r1", 7)], broker_id="b") == 0
+    assert len(slots.parked(client, ns, "tenant:w")) == 1
     assert client.hlen(f"{ns}:{slots.PARKED_IDS}") == 1
+    assert client.llen(f"{ns}:{QUEUE}") == 0
+    # Once repaired, the next release or sweep starts it.
+    client.delete(damaged)
+    assert slots.sweep(client, ns, timeout_ms=60_000)[1] == 1
+    assert client.llen(f"{ns}:{QUEUE}") == 1
 
 
 def test_a_damaged_index_of_parked_keys_leaves_the_sweep_of_slot_keys_going(
