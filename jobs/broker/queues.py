@@ -45,18 +45,13 @@ def queue_names() -> list[str]:
 
 def _count(value: Any, what: str) -> int:
     """A count the platform keeps (0 when none, or when damaged: reported)."""
-    if isinstance(value, Exception) or not _is_integer(value):
-        report_damage(f"{what} holds {value!r}, not a count", "it is read as 0")
-        return 0
-    return max(0, int(value or 0))
-
-
-def _is_integer(value: Any) -> bool:
-    try:
-        int(value or 0)
-    except ValueError:
-        return False
-    return True
+    if not isinstance(value, Exception):
+        try:
+            return max(0, int(value or 0))
+        except ValueError:
+            pass
+    report_damage(f"{what} holds {value!r}, not a count", "it is read as 0")
+    return 0
 
 
 def _first(value: Any, what: str) -> Any:
@@ -90,17 +85,8 @@ def queue_stats(queue_name: str) -> QueueStats:
     # none, reported, so the console, the metrics and the watchdog go on.
     parked = _count(results[5], f"{broker.namespace}:{PARKED_PER_QUEUE} {queue_name!r}")
     waiting += _count(results[6], fairness.counts_key(broker.namespace, queue_name))
-    first_fair, first_parked = (
-        _first(result, what)
-        for result, what in zip(
-            results[7:],
-            (
-                fairness.heads_key(broker.namespace, queue_name),
-                f"{broker.namespace}:{PARKED_SINCE}{queue_name}",
-            ),
-            strict=True,
-        )
-    )
+    first_fair = _first(results[7], fairness.heads_key(broker.namespace, queue_name))
+    first_parked = _first(results[8], f"{broker.namespace}:{PARKED_SINCE}{queue_name}")
     age = None
     if oldest_id is not None:
         raw = broker.client.hget(f"{base}.msgs", oldest_id)
