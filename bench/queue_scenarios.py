@@ -558,7 +558,8 @@ def concurrency_key(context: Context) -> list[Row]:
         message_options={slots.SEND_OPTION: "bench:0.0"},
     )
     rows: list[Row] = []
-    for processes in (1,) if context.quick else (1, 2):
+    counts = (1,) if context.quick else (1, 2)
+    for processes in counts:
         rates: dict[str, list[float]] = {"plain": [], "keyed": []}
         for run in range(context.runs):
             for name, stack in (("plain", plain), ("keyed", keyed)):  # interleaved
@@ -593,17 +594,22 @@ def concurrency_key(context: Context) -> list[Row]:
         # "order:{order_id}" gives: each job's slot a new hash in Redis.
         # And the control: the same drain with no key in any block, which
         # says how far the measure itself is from 1.00x on the day.
-        for kind in ("key", "a key per job", "control"):
+        # And, at two processes (one in a quick run), jobs of 1 ms of CPU:
+        # the key's cost against a job that does some work.
+        kinds: tuple[str, ...] = ("key", "a key per job", "control")
+        if processes == counts[-1]:
+            kinds += (f"key, {WORK}", f"control, {WORK}")
+        for kind in kinds:
             ratios = [
                 ratio
                 for _ in range(context.runs)
                 for ratio in _alternating_ratios(context, databases, processes, kind=kind)
             ]
             median = statistics.median(ratios)
-            target = kind == "key"
+            target = kind in ("key", f"key, {WORK}")
             rows.append(
                 Row(
-                    f"alternating blocks, {'no key (control)' if kind == 'control' else kind}"
+                    f"alternating blocks, {kind.replace('control', 'no key (control)')}"
                     f" {processes}x8",
                     f"{len(ratios)} pairs, {min(ratios):.2f}-{max(ratios):.2f}x",
                     "without, same drain",
@@ -620,6 +626,10 @@ def concurrency_key(context: Context) -> list[Row]:
 # drains in about half a second at one process, long against a boundary's
 # blur (8 threads, the prefetch) and short against the machine's drift.
 BLOCK, BLOCKS = 2_000, 21
+# Alternating drains whose kind ends with this drain jobs of 1 ms of work
+# (bench.worker_app's ``work``): at about a third of the no-op's rate at two
+# processes, in blocks of half the size, each still about half a second.
+WORK = "jobs of 1 ms"
 
 
 def _alternating_ratios(
@@ -636,19 +646,25 @@ def _alternating_ratios(
     search, under a microsecond of Redis). ``kind``: "key", one key for all
     keyed jobs; "a key per job", each its own (``bench:<n>``), as an order id
     gives; "control", no key in any block (every block plain ``noop``), for
-    the measure's own distance from 1.00x."""
+    the measure's own distance from 1.00x. Either of "key" and "control"
+    followed by ``WORK`` ("key, jobs of 1 ms") drains jobs of 1 ms of CPU
+    (``work`` and ``work_keyed``) rather than no-ops."""
     size, blocks = (250, 7) if context.quick else (BLOCK, BLOCKS)
+    plain_actor, keyed_actor = "noop", "noop_keyed"
+    if kind.endswith(WORK):
+        size //= 2
+        plain_actor, keyed_actor = "work", "work_keyed"
     broker = _stock_broker()
     broker.client.flushdb()
     block_of: dict[str, int] = {}
 
     def messages() -> Iterator[dramatiq.Message[Any]]:
         for block in range(blocks):
-            keyed = block % 2 == 1 and kind != "control"
+            keyed = block % 2 == 1 and not kind.startswith("control")
             for _ in range(size):
                 message: dramatiq.Message[Any] = dramatiq.Message(
                     queue_name=procs.QUEUE,
-                    actor_name="noop_keyed" if keyed else "noop",
+                    actor_name=keyed_actor if keyed else plain_actor,
                     args=(),
                     kwargs={},
                     options={slots.SEND_OPTION: _bench_key(kind, len(block_of))} if keyed else {},

@@ -138,6 +138,9 @@ def noop(sent_at: float = 0.0) -> None:
         redis_broker().client.rpush(STARTED_KEY, json.dumps([sent_at, started]))
 
 
+# CPU seconds of a ``work`` job (BENCH_CONCURRENCY_KEY=mixed).
+WORK_S = 0.001
+
 # BENCH_CONCURRENCY_KEY=mixed: noop stays as it is, and this twin has the key,
 # for blocks of each drained one after the other by the same workers.
 if os.environ.get("BENCH_CONCURRENCY_KEY") == "mixed" and STACK == "django":
@@ -150,6 +153,23 @@ if os.environ.get("BENCH_CONCURRENCY_KEY") == "mixed" and STACK == "django":
     )
     def noop_keyed(sent_at: float = 0.0) -> None:
         pass
+
+    # And a job that does some work, 1 ms of CPU in Python (a template
+    # rendered, a few queries' rows read), without and with the same key:
+    # what a key costs a job that is more than its own overhead.
+    def _work(sent_at: float = 0.0) -> None:
+        end = time.thread_time() + WORK_S
+        while time.thread_time() < end:
+            pass
+
+    work = dramatiq.actor(queue_name=QUEUE, max_retries=0, actor_name="work")(_work)
+    work_keyed = dramatiq.actor(
+        queue_name=QUEUE,
+        max_retries=0,
+        actor_name="work_keyed",
+        concurrency_key="bench:{sent_at}",
+        concurrency_limit=100_000,
+    )(_work)
 
 
 # The fairness bench (bench.queue_scenarios.fairness): a tenant's job. The
