@@ -635,20 +635,20 @@ WORK = "jobs of 1 ms"
 def _alternating_ratios(
     context: Context, databases: FreshDatabase, processes: int, *, kind: str = "key"
 ) -> list[float]:
-    """Blocks of no-op jobs without and with a key, alternating in one queue
-    that the same workers drain: each keyed block's rate over the mean rate
-    of the plain blocks either side. Whole drains moved by a fifth from one to
-    the next on this project's two shared cores; neighbouring blocks, half a
-    second apart, share more of the machine's speed. A block's rate is taken
-    over the middle 80 % of its jobs' ends (the ledger's ``finished_at``),
-    which leaves out the blur where two blocks meet. The plain jobs share a queue with a
-    keyed actor here, so the fetch looks at their payloads too (a string
-    search, under a microsecond of Redis). ``kind``: "key", one key for all
-    keyed jobs; "a key per job", each its own (``bench:<n>``), as an order id
-    gives; "control", no key in any block (every block plain ``noop``), for
-    the measure's own distance from 1.00x. Either of "key" and "control"
-    followed by ``WORK`` ("key, jobs of 1 ms") drains jobs of 1 ms of CPU
-    (``work`` and ``work_keyed``) rather than no-ops."""
+    """Blocks of jobs (no-ops, or 1 ms of work) without and with a key,
+    alternating in one queue that the same workers drain: each keyed block's
+    rate over the mean rate of the plain blocks either side. Whole drains moved
+    by a fifth from one to the next on this project's two shared cores;
+    neighbouring blocks, half a second apart, share more of the machine's speed.
+    A block's rate is taken over the middle 80 % of its jobs' ends (the ledger's
+    ``finished_at``), which leaves out the blur where two blocks meet. The plain
+    jobs share a queue with a keyed actor here, so the fetch looks at their
+    payloads too (a string search, under a microsecond of Redis). ``kind``:
+    "key", one key for all keyed jobs; "a key per job", each its own
+    (``bench:<n>``), as an order id gives; "control", no key in any block (every
+    block plain ``noop``), for the measure's own distance from 1.00x. Either of
+    "key" and "control" followed by ``WORK`` ("key, jobs of 1 ms") drains jobs
+    of 1 ms of CPU (``work`` and ``work_keyed``) rather than no-ops."""
     size, blocks = (250, 7) if context.quick else (BLOCK, BLOCKS)
     plain_actor, keyed_actor = "noop", "noop_keyed"
     if kind.endswith(WORK):

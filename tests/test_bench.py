@@ -34,6 +34,7 @@ SCENARIOS = (
     "enqueue",
     "admin-list",
     "signup",
+    "concurrency-key",
 )
 
 
@@ -58,6 +59,8 @@ def test_it_runs_the_quick_benchmarks_and_prints_the_table():
     # including the cheapest durable record (bench.floor), whose drain only ends
     # once its rows are in the database
     assert "minimal row 1x8 " in done.stdout, done.stdout
+    # and a key's cost on jobs that do some work, beside the no-op's
+    assert "alternating blocks, key, jobs of 1 ms 1x8 " in done.stdout, done.stdout
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads Linux's /proc")
