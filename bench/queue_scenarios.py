@@ -16,6 +16,7 @@ two figures from the same minutes; a full run pays for that second baseline
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sqlite3
@@ -699,6 +700,59 @@ def _alternating_ratios(
     # drift through the drain (a growing table) favours neither; from the
     # second keyed block on, the first drains while the workers warm up.
     return [rates[b] / ((rates[b - 1] + rates[b + 1]) / 2) for b in range(3, blocks - 1, 2)]
+
+
+@measured(
+    "slot-wakeup",
+    "a freed slot to the next waiting job's start: jobs of 10 ms on one key of limit 1, "
+    "all sent before the worker starts (full stack, 1x8)",
+)
+def slot_wakeup(context: Context) -> list[Row]:
+    n = 30 if context.quick else 300
+    databases = _sqlite_copies(context)
+    broker = _stock_broker()
+    gaps: list[float] = []
+    for run in range(context.runs):
+        broker.client.flushdb()
+        with databases(f"slot-wakeup-{run}") as database_url:
+            env = procs.base_env(
+                DATABASE_URL=database_url,
+                BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
+                **{**STACKS["ours"].env, "BENCH_CONCURRENCY_KEY": "mixed"},
+            )
+            # All waiting before the worker starts: its first fetch takes the
+            # one slot and sets the others aside, and from then on each job
+            # starts when the one before it frees the slot.
+            procs.enqueue_pipelined(
+                broker,
+                (
+                    dramatiq.Message(
+                        queue_name=procs.QUEUE,
+                        actor_name="hold",
+                        args=(),
+                        kwargs={},
+                        options={slots.SEND_OPTION: "hold:0.0"},
+                    )
+                    for _ in range(n)
+                ),
+            )
+            runs: list[list[float]] = []
+            with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
+                for _ in range(n):
+                    popped = _pop_started(broker.client, timeout=60)
+                    if popped is None:
+                        raise RuntimeError(f"{len(runs)} of {n} jobs of one key ran in time")
+                    runs.append(json.loads(popped[1]))
+        runs.sort()
+        gaps += [(nxt[0] - prev[1]) * 1000 for prev, nxt in itertools.pairwise(runs)]
+    return [
+        Row(
+            f"freed slot to the next job's start ({len(gaps)} hand-overs)",
+            f"p50 {_percentile(gaps, 0.5):.1f} ms, p99 {_percentile(gaps, 0.99):.1f} ms",
+            "max",
+            f"{max(gaps):.1f} ms",
+        )
+    ]
 
 
 def _bench_key(kind: str, n: int) -> str:

@@ -138,8 +138,10 @@ def noop(sent_at: float = 0.0) -> None:
         redis_broker().client.rpush(STARTED_KEY, json.dumps([sent_at, started]))
 
 
-# CPU seconds of a ``work`` job (BENCH_CONCURRENCY_KEY=mixed).
+# CPU seconds of a ``work`` job, and seconds a ``hold`` job runs
+# (BENCH_CONCURRENCY_KEY=mixed).
 WORK_S = 0.001
+HOLD_S = 0.01
 
 # BENCH_CONCURRENCY_KEY=mixed: noop stays as it is, and this twin has the key,
 # for blocks of each drained one after the other by the same workers.
@@ -164,6 +166,19 @@ if os.environ.get("BENCH_CONCURRENCY_KEY") == "mixed" and STACK == "django":
         while time.thread_time() < end:
             for _ in range(200):
                 pass
+
+    # A freed slot's wake-up (bench.queue_scenarios.slot_wakeup): jobs of one
+    # key of limit 1, each reporting when it started and when it ended.
+    @dramatiq.actor(
+        queue_name=QUEUE,
+        max_retries=0,
+        concurrency_key="hold:{sent_at}",
+        concurrency_limit=1,
+    )
+    def hold(sent_at: float = 0.0) -> None:
+        started = time.time()
+        time.sleep(HOLD_S)
+        redis_broker().client.rpush(STARTED_KEY, json.dumps([started, time.time()]))
 
     work = dramatiq.actor(queue_name=QUEUE, max_retries=0, actor_name="work")(_work)
     work_keyed = dramatiq.actor(

@@ -35,6 +35,7 @@ SCENARIOS = (
     "admin-list",
     "signup",
     "concurrency-key",
+    "slot-wakeup",
 )
 
 
