@@ -704,7 +704,7 @@ def _alternating_ratios(
 
 @measured(
     "slot-wakeup",
-    "a freed slot to the next waiting job's start: jobs of 10 ms on one key of limit 1, "
+    "a job's end to the next waiting job's start on a key of limit 1: jobs of 10 ms, "
     "all sent before the worker starts (full stack, 1x8)",
 )
 def slot_wakeup(context: Context) -> list[Row]:
@@ -720,9 +720,10 @@ def slot_wakeup(context: Context) -> list[Row]:
                 BENCH_REDIS_URL=settings.BROKER_REDIS_URL,
                 **{**STACKS["ours"].env, "BENCH_CONCURRENCY_KEY": "mixed"},
             )
-            # All waiting before the worker starts: its first fetch takes the
-            # one slot and sets the others aside, and from then on each job
-            # starts when the one before it frees the slot.
+            # All waiting before the worker starts: its first fetches take the
+            # one slot and set the others aside (at most PARK_PER_FETCH a
+            # fetch), and from then on each job starts when the one before it
+            # frees the slot. The key hold's template gives ("hold:{sent_at}").
             procs.enqueue_pipelined(
                 broker,
                 (
@@ -737,20 +738,33 @@ def slot_wakeup(context: Context) -> list[Row]:
                 ),
             )
             runs: list[list[float]] = []
-            with procs.workers(processes=1, threads=8, env=env, log=context.workdir / "w.log"):
-                for _ in range(n):
-                    popped = _pop_started(broker.client, timeout=60)
-                    if popped is None:
-                        raise RuntimeError(f"{len(runs)} of {n} jobs of one key ran in time")
-                    runs.append(json.loads(popped[1]))
+            with procs.workers(
+                processes=1, threads=8, env=env, log=context.workdir / "w.log"
+            ) as worker:
+                # A run is 10 ms a job plus the hand-overs: far less than this,
+                # unless hand-overs wait for the once-a-second sweep.
+                deadline = time.monotonic() + 60 + n * 0.1
+                while len(runs) < n:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or worker.poll() is not None:
+                        raise RuntimeError(
+                            f"{len(runs)} of {n} jobs of one key ran in time"
+                            f" (worker exit code {worker.poll()})"
+                        )
+                    popped = _pop_started(broker.client, timeout=min(left, 1.0))
+                    if popped is not None:
+                        runs.append(json.loads(popped[1]))
         runs.sort()
         gaps += [(nxt[0] - prev[1]) * 1000 for prev, nxt in itertools.pairwise(runs)]
+    if min(gaps) < 0:
+        # Two jobs of the key overlapped: the limit, not the latency, is wrong.
+        raise RuntimeError(f"jobs of a key of limit 1 overlapped by {-min(gaps):.1f} ms")
     return [
         Row(
-            f"freed slot to the next job's start ({len(gaps)} hand-overs)",
+            f"a job's end to the next one's start ({len(gaps)} hand-overs)",
             f"p50 {_percentile(gaps, 0.5):.1f} ms, p99 {_percentile(gaps, 0.99):.1f} ms",
-            "max",
-            f"{max(gaps):.1f} ms",
+            "min, max",
+            f"{min(gaps):.1f}, {max(gaps):.1f} ms",
         )
     ]
 
