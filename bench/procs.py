@@ -146,9 +146,11 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
             process.wait()
 
 
-def bench_message(*args: Any, options: dict[str, Any] | None = None) -> dramatiq.Message[Any]:
+def bench_message(
+    *args: Any, options: dict[str, Any] | None = None, actor_name: str = "noop"
+) -> dramatiq.Message[Any]:
     return dramatiq.Message(
-        queue_name="bench", actor_name="noop", args=args, kwargs={}, options=dict(options or {})
+        queue_name=QUEUE, actor_name=actor_name, args=args, kwargs={}, options=dict(options or {})
     )
 
 

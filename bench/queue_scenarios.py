@@ -663,11 +663,8 @@ def _alternating_ratios(
         for block in range(blocks):
             keyed = block % 2 == 1 and not kind.startswith("control")
             for _ in range(size):
-                message: dramatiq.Message[Any] = dramatiq.Message(
-                    queue_name=procs.QUEUE,
+                message = procs.bench_message(
                     actor_name=keyed_actor if keyed else plain_actor,
-                    args=(),
-                    kwargs={},
                     options={slots.SEND_OPTION: _bench_key(kind, len(block_of))} if keyed else {},
                 )
                 block_of[message.message_id] = block
@@ -724,18 +721,9 @@ def slot_wakeup(context: Context) -> list[Row]:
             # one slot and set the others aside (at most PARK_PER_FETCH a
             # fetch), and from then on each job starts when the one before it
             # frees the slot. The key hold's template gives ("hold:{sent_at}").
+            key = {slots.SEND_OPTION: "hold:0.0"}
             procs.enqueue_pipelined(
-                broker,
-                (
-                    dramatiq.Message(
-                        queue_name=procs.QUEUE,
-                        actor_name="hold",
-                        args=(),
-                        kwargs={},
-                        options={slots.SEND_OPTION: "hold:0.0"},
-                    )
-                    for _ in range(n)
-                ),
+                broker, (procs.bench_message(actor_name="hold", options=key) for _ in range(n))
             )
             runs: list[list[float]] = []
             with procs.workers(
